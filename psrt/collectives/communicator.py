@@ -1,0 +1,349 @@
+"""`Communicator`: psrt's collectives over torch tensors, with a choice of algorithm.
+
+Every reduction algorithm has one signature, `fn(comm, flat_buffer, op, ...)` working in
+place, so ring, recursive doubling, halving-doubling, tree, parameter server, the MPI
+library's own and torch.distributed are interchangeable and each can be checked against the
+others.  The Communicator does the rest once: argument checks, staging of non-contiguous
+and CUDA tensors (see transport.Staging), 'avg' as a sum divided by N, out-of-place results,
+and non-blocking calls (see executor).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from psrt.collectives import native, ps, recursive, ring, torch_backend, tree
+from psrt.collectives.executor import Executor, Handle
+from psrt.collectives.layout import even_counts, offsets
+from psrt.collectives.tuning import Tuning
+from psrt.errors import CollectiveMismatch, PsrtError
+from psrt.transport import Staging, check_dtype, check_op
+
+# collective -> algorithm -> implementation (comm, buf, ...) in place on a flat buffer.
+_ALLREDUCE = {
+    "ring": lambda c, b, op: ring.allreduce(c, b, op, even_counts(b.numel(), c.size)),
+    "doubling": recursive.allreduce_doubling,
+    "halving-doubling": recursive.allreduce_halving_doubling,
+    "tree": tree.allreduce,
+    "ps": ps.allreduce,
+    "native": native.allreduce,
+    "torch": torch_backend.allreduce,
+}
+_REDUCE_SCATTER = {"ring": ring.reduce_scatter, "ps": ps.reduce_scatter,
+                   "native": native.reduce_scatter, "torch": torch_backend.reduce_scatter}
+_ALLGATHER = {"ring": ring.allgather, "ps": ps.allgather, "native": native.allgather,
+              "torch": torch_backend.allgather}
+_BROADCAST = {"tree": tree.broadcast, "ps": ps.broadcast, "native": native.broadcast,
+              "torch": torch_backend.broadcast}
+_REDUCE = {"tree": tree.reduce, "ps": ps.reduce, "native": native.reduce,
+           "torch": torch_backend.reduce}
+
+ALGORITHMS = {
+    "allreduce": tuple(_ALLREDUCE), "reduce_scatter": tuple(_REDUCE_SCATTER),
+    "allgather": tuple(_ALLGATHER), "broadcast": tuple(_BROADCAST), "reduce": tuple(_REDUCE),
+}
+ALL_ALGORITHMS = ("auto",) + tuple(dict.fromkeys(a for algos in ALGORITHMS.values() for a in algos))
+
+
+class Communicator:
+    """Collectives over torch tensors on one MPI communicator.
+
+    Args:
+        comm: an mpi4py communicator (psrt uses it as given; pass `world.comm`, a private Dup)
+            or a `psrt.World`.
+        algorithm: default algorithm for every collective ('auto' picks by message size and
+            world size from a measured table).  A collective the chosen algorithm does not
+            implement uses 'auto'; an algorithm named in a call must implement it.
+        tuning: crossover table for 'auto' (default: the one shipped with psrt, or the file
+            named by PSRT_TUNING).
+        torch_group: torch.distributed group for the 'torch' algorithm (default: the default
+            group, which must span the same ranks).
+    """
+
+    def __init__(self, comm, algorithm: str = "auto", tuning: Tuning | None = None,
+                 torch_group=None):
+        self.comm = getattr(comm, "comm", comm)
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        if algorithm not in ALL_ALGORITHMS:
+            raise PsrtError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALL_ALGORITHMS)}",
+                            everywhere=True)
+        self.algorithm = algorithm
+        self.tuning = tuning or Tuning.load()
+        self._torch_group = torch_group
+        self._staging = Staging()
+        self._executor = Executor()
+
+    def __repr__(self) -> str:
+        return f"Communicator(rank={self.rank}, size={self.size}, algorithm={self.algorithm!r})"
+
+    def close(self) -> None:
+        """Stop the worker thread used by non-blocking calls."""
+        self._executor.close()
+
+    # ------------------------------------------------------------ plumbing
+    def _pick(self, collective: str, algorithm: str | None, nbytes: int) -> str:
+        table = ALGORITHMS[collective]
+        name = algorithm or self.algorithm
+        if name != "auto" and name not in table:
+            if algorithm is not None:
+                raise PsrtError(f"algorithm {name!r} does not implement {collective}; "
+                                f"choose one of auto, {', '.join(table)}")
+            name = "auto"
+        if name == "auto":
+            name = self.tuning.choose(collective, nbytes, self.size, table)
+        return name
+
+    def _backend_comm(self, algorithm: str):
+        if algorithm != "torch":
+            return self.comm
+        import torch.distributed as dist
+        if not dist.is_initialized():
+            raise PsrtError("algorithm 'torch' needs torch.distributed: call "
+                            "psrt.init_torch_distributed(world) first")
+        group = self._torch_group or dist.group.WORLD
+        if dist.get_world_size(group) != self.size:
+            raise PsrtError(f"algorithm 'torch' needs a torch group of {self.size} ranks "
+                            f"(pass torch_group=); the default group has {dist.get_world_size(group)}")
+        return group
+
+    def _on_device_ok(self, t: torch.Tensor, algo: str) -> bool:
+        """Whether the algorithm can work on t's memory where it is (CPU, CUDA-aware MPI, nccl)."""
+        return not t.is_cuda or algo == "torch" or self._staging.direct_cuda
+
+    def _work(self, src: torch.Tensor, algo: str = "native", direct: torch.Tensor | None = None):
+        """A flat buffer the algorithm can use holding src's values: `direct`'s own memory when
+        it is usable, else a copy (staged to pinned host memory for CUDA without CUDA-aware MPI)."""
+        if direct is not None and direct.is_contiguous() and self._on_device_ok(direct, algo):
+            flat = direct.view(-1)
+            if flat.data_ptr() != src.data_ptr() or not src.is_contiguous():
+                flat.copy_(src.reshape(-1))
+            return flat
+        if not self._on_device_ok(src, algo):
+            return self._staging.host_buffer(src).copy_(src.reshape(-1))
+        return src.reshape(-1).clone() if src.is_contiguous() else src.contiguous().view(-1)
+
+    def _run(self, fn, async_op: bool):
+        return self._executor.submit(fn) if async_op else self._executor.run(fn)
+
+    @staticmethod
+    def _check_out(out: torch.Tensor | None, shape, dtype, what: str) -> None:
+        if out is not None and (tuple(out.shape) != tuple(shape) or out.dtype != dtype):
+            raise PsrtError(f"{what}: out has shape {tuple(out.shape)} and dtype {out.dtype}, "
+                            f"expected {tuple(shape)} and {dtype}")
+
+    def _rows(self, t: torch.Tensor, counts, what: str) -> list[int]:
+        rows = t.shape[0] if t.dim() else 1
+        counts = list(counts) if counts is not None else even_counts(rows, self.size)
+        if len(counts) != self.size or sum(counts) != rows or min(counts) < 0:
+            raise PsrtError(f"{what}: counts {counts} must be {self.size} non-negative numbers "
+                            f"adding up to dim 0 of the input ({rows})")
+        return counts
+
+    def _shapes(self, t: torch.Tensor, what: str) -> list[tuple]:
+        """Every rank's (shape, dtype), checking that all but dim 0 agree."""
+        mine = (tuple(t.shape), str(t.dtype))
+        shapes = self.comm.allgather(mine)
+        ref_tail, ref_dtype = shapes[0][0][1:], shapes[0][1]
+        bad = [r for r, (s, d) in enumerate(shapes) if s[1:] != ref_tail or d != ref_dtype or not s]
+        if bad:
+            listing = ", ".join(f"rank {r}: {s} {d}" for r, (s, d) in enumerate(shapes))
+            raise CollectiveMismatch(f"{what}: ranks {bad} disagree with rank 0 on trailing shape or "
+                                     f"dtype ({listing})")
+        return [s for s, _ in shapes]
+
+    # ------------------------------------------------------------ reductions
+    def allreduce(self, t: torch.Tensor, op: str = "sum", out: torch.Tensor | None = None,
+                  algorithm: str | None = None, async_op: bool = False):
+        """Reduce t over all ranks; every rank gets the result.
+
+        Out of place by default; `out=t` reduces in place.  Returns the result, or a Handle
+        whose wait() returns it when async_op.
+        """
+        check_dtype(t)
+        check_op(op, t.dtype)
+        self._check_out(out, t.shape, t.dtype, "allreduce")
+        algo = self._pick("allreduce", algorithm, t.numel() * t.element_size())
+        fn = _ALLREDUCE[algo]
+
+        def run():
+            result = out if out is not None else torch.empty_like(t, memory_format=torch.contiguous_format)
+            flat = self._work(t, algo, direct=result)
+            fn(self._backend_comm(algo), flat, op)
+            if op == "avg":
+                flat.div_(self.size)
+            return Staging.from_mpi(flat, result)
+        return self._run(run, async_op)
+
+    def reduce_scatter(self, t: torch.Tensor, op: str = "sum", out: torch.Tensor | None = None,
+                       counts=None, algorithm: str | None = None, async_op: bool = False):
+        """Reduce t over all ranks and leave rank r with rows counts[r] of the result.
+
+        t is split along dim 0 (default: as evenly as possible, larger parts first).
+        """
+        check_dtype(t)
+        check_op(op, t.dtype)
+        counts = self._rows(t, counts, "reduce_scatter")
+        row = math.prod(t.shape[1:]) if t.dim() > 1 else 1
+        elems = [c * row for c in counts]
+        shape = (counts[self.rank],) + tuple(t.shape[1:])
+        self._check_out(out, shape, t.dtype, "reduce_scatter")
+        algo = self._pick("reduce_scatter", algorithm, t.numel() * t.element_size())
+        fn = _REDUCE_SCATTER[algo]
+
+        def run():
+            flat = self._work(t, algo)
+            fn(self._backend_comm(algo), flat, elems, op)
+            off = offsets(elems)
+            mine = flat[off[self.rank]:off[self.rank + 1]].view(shape)
+            if op == "avg":
+                mine.div_(self.size)
+            result = out if out is not None else torch.empty(shape, dtype=t.dtype, device=t.device)
+            return result.copy_(mine)
+        return self._run(run, async_op)
+
+    def reduce(self, t: torch.Tensor, root: int = 0, op: str = "sum", out: torch.Tensor | None = None,
+               algorithm: str | None = None, async_op: bool = False):
+        """Reduce t onto `root`; returns the result there and None elsewhere."""
+        check_dtype(t)
+        check_op(op, t.dtype)
+        self._check_root(root, "reduce")
+        self._check_out(out, t.shape, t.dtype, "reduce")
+        algo = self._pick("reduce", algorithm, t.numel() * t.element_size())
+        fn = _REDUCE[algo]
+
+        def run():
+            result = out if (out is not None and self.rank == root) else None
+            flat = self._work(t, algo, direct=result)
+            fn(self._backend_comm(algo), flat, root, op)
+            if self.rank != root:
+                return None
+            if op == "avg":
+                flat.div_(self.size)
+            return Staging.from_mpi(flat, result if result is not None else torch.empty_like(t))
+        return self._run(run, async_op)
+
+    # ------------------------------------------------------------ data movement
+    def broadcast(self, t: torch.Tensor, root: int = 0, algorithm: str | None = None,
+                  async_op: bool = False):
+        """Copy root's t into t on every rank (in place); returns t."""
+        check_dtype(t)
+        self._check_root(root, "broadcast")
+        algo = self._pick("broadcast", algorithm, t.numel() * t.element_size())
+        fn = _BROADCAST[algo]
+
+        def run():
+            flat = self._work(t, algo, direct=t)
+            fn(self._backend_comm(algo), flat, root)
+            return Staging.from_mpi(flat, t)
+        return self._run(run, async_op)
+
+    def allgather(self, t: torch.Tensor, out: torch.Tensor | None = None, counts=None,
+                  algorithm: str | None = None, async_op: bool = False):
+        """Concatenate every rank's t along dim 0, in rank order, on every rank.
+
+        Ranks may contribute different numbers of rows; pass `counts` (rows per rank) to skip
+        the exchange of shapes, or leave it None to have psrt exchange and check them.
+        """
+        check_dtype(t)
+        if t.dim() == 0:
+            t = t.reshape(1)
+        if counts is None:
+            counts = [s[0] for s in self._shapes(t, "allgather")]
+        elif len(counts) != self.size or counts[self.rank] != t.shape[0]:
+            raise PsrtError(f"allgather: counts {list(counts)} do not fit {self.size} ranks with "
+                            f"this rank's {t.shape[0]} rows")
+        row = math.prod(t.shape[1:])
+        elems = [c * row for c in counts]
+        shape = (sum(counts),) + tuple(t.shape[1:])
+        self._check_out(out, shape, t.dtype, "allgather")
+        algo = self._pick("allgather", algorithm, sum(elems) * t.element_size())
+        fn = _ALLGATHER[algo]
+
+        def run():
+            result = out if out is not None else torch.empty(shape, dtype=t.dtype, device=t.device)
+            if result.is_contiguous() and self._on_device_ok(result, algo):
+                flat = result.view(-1)
+            elif result.is_cuda:
+                flat = self._staging.host_buffer(result)
+            else:
+                flat = torch.empty(sum(elems), dtype=t.dtype)
+            off = offsets(elems)
+            flat[off[self.rank]:off[self.rank + 1]].copy_(t.reshape(-1))
+            fn(self._backend_comm(algo), flat, elems)
+            return Staging.from_mpi(flat, result)
+        return self._run(run, async_op)
+
+    def gather(self, t: torch.Tensor, root: int = 0, async_op: bool = False):
+        """Concatenate every rank's t along dim 0 on `root` (uneven rows allowed); None elsewhere."""
+        check_dtype(t)
+        self._check_root(root, "gather")
+        if t.dim() == 0:
+            t = t.reshape(1)
+        shapes = self._shapes(t, "gather")
+        row = math.prod(t.shape[1:])
+        elems = [s[0] * row for s in shapes]
+
+        def run():
+            send = self._work(t)
+            recv = torch.empty(sum(elems), dtype=t.dtype, device=send.device) if self.rank == root else None
+            native.gather(self.comm, send, recv, elems, root)
+            if recv is None:
+                return None
+            return recv.view((sum(s[0] for s in shapes),) + tuple(t.shape[1:])).to(t.device)
+        return self._run(run, async_op)
+
+    def scatter(self, t: torch.Tensor | None, root: int = 0, counts=None, async_op: bool = False):
+        """Split root's t along dim 0 (by `counts` rows, default even) and give rank r part r.
+
+        Only the root's t is read; other ranks may pass None."""
+        self._check_root(root, "scatter")
+        meta = None
+        if self.rank == root:
+            if t is None:
+                raise PsrtError(f"scatter: the root (rank {root}) must pass a tensor")
+            check_dtype(t)
+            counts = self._rows(t, counts, "scatter")
+            meta = (counts, tuple(t.shape[1:]), t.dtype)
+        counts, tail, dtype = self.comm.bcast(meta, root=root)
+        row = math.prod(tail)
+        elems = [c * row for c in counts]
+
+        def run():
+            send = self._work(t) if self.rank == root else None
+            recv = torch.empty(elems[self.rank], dtype=dtype)
+            native.scatter(self.comm, send, recv, elems, root)
+            device = t.device if t is not None else "cpu"
+            return recv.view((counts[self.rank],) + tail).to(device)
+        return self._run(run, async_op)
+
+    def alltoall(self, t: torch.Tensor, out: torch.Tensor | None = None, async_op: bool = False):
+        """Rank r sends block j of t (dim 0 split in `size` equal blocks) to rank j, and
+        receives rank j's block r as its block j."""
+        check_dtype(t)
+        rows = t.shape[0] if t.dim() else 1
+        if rows % self.size:
+            raise PsrtError(f"alltoall: dim 0 of the input ({rows}) must divide by the number "
+                            f"of ranks ({self.size})")
+        self._check_out(out, t.shape, t.dtype, "alltoall")
+
+        def run():
+            send = self._work(t)
+            recv = torch.empty_like(send)
+            native.alltoall(self.comm, send, recv)
+            result = out if out is not None else torch.empty_like(t, memory_format=torch.contiguous_format)
+            return Staging.from_mpi(recv, result)
+        return self._run(run, async_op)
+
+    def barrier(self, async_op: bool = False):
+        def run():
+            self.comm.Barrier()
+        return self._run(run, async_op)
+
+    def _check_root(self, root: int, what: str) -> None:
+        if not 0 <= root < self.size:
+            raise PsrtError(f"{what}: root {root} is not a rank of this communicator (0..{self.size - 1})")
+
+
+__all__ = ["Communicator", "Handle", "ALGORITHMS", "ALL_ALGORITHMS"]

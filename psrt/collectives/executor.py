@@ -1,0 +1,85 @@
+"""Non-blocking collectives: one worker thread per communicator runs them in call order.
+
+MPI requires every rank to start collectives on a communicator in the same order (MPI 4.1
+sec. 6.14); a single FIFO worker keeps that order, and a blocking call made while
+non-blocking ones are pending queues behind them instead of overtaking.  With nothing
+pending, a blocking call runs in the caller's thread (no thread hop on the latency path).
+"""
+from __future__ import annotations
+
+import queue
+import threading
+
+
+class Handle:
+    """The result of a non-blocking collective; `wait()` returns it (or raises its error)."""
+
+    def __init__(self):
+        self._done = threading.Event()
+        self._result = None
+        self._error: BaseException | None = None
+
+    def _set(self, result=None, error: BaseException | None = None) -> None:
+        self._result, self._error = result, error
+        self._done.set()
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None):
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"collective not finished after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+class Executor:
+    def __init__(self, name: str = "psrt-comm"):
+        self._name = name
+        self._queue: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()          # held while a collective runs
+        self._pending = 0
+        self._pending_lock = threading.Lock()
+        self._idle = threading.Condition(self._pending_lock)
+        self._thread: threading.Thread | None = None
+
+    def _worker(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fn, handle = item
+            try:
+                with self._lock:
+                    result = fn()
+                handle._set(result)
+            except BaseException as err:  # noqa: BLE001 - handed to the waiter
+                handle._set(error=err)
+            with self._idle:
+                self._pending -= 1
+                self._idle.notify_all()
+
+    def submit(self, fn) -> Handle:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._worker, name=self._name, daemon=True)
+            self._thread.start()
+        handle = Handle()
+        with self._idle:
+            self._pending += 1
+        self._queue.put((fn, handle))
+        return handle
+
+    def run(self, fn):
+        """Run fn now in this thread, after everything submitted before it."""
+        with self._idle:
+            while self._pending:
+                self._idle.wait()
+        with self._lock:
+            return fn()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None

@@ -1,0 +1,31 @@
+"""Point-to-point helpers shared by psrt's own algorithms.
+
+Every algorithm works in place on a flat, contiguous tensor `buf` and moves slices of it with
+MPI point-to-point calls; reductions run as torch kernels (`transport.reduce_`), so the same
+code serves CPU tensors, CUDA tensors on a CUDA-aware MPI, and 16-bit floats MPI cannot add.
+"""
+from __future__ import annotations
+
+import torch
+
+from psrt.transport import msg
+
+# One tag per algorithm keeps a mistaken mix of two algorithms from matching silently.
+TAG_RING, TAG_RD, TAG_RHD, TAG_TREE, TAG_PS = 101, 102, 103, 104, 105
+
+
+def sendrecv(comm, send: torch.Tensor, dest: int, recv: torch.Tensor, source: int, tag: int) -> None:
+    comm.Sendrecv(msg(send), dest, tag, msg(recv), source, tag)
+
+
+def send(comm, t: torch.Tensor, dest: int, tag: int) -> None:
+    comm.Send(msg(t), dest, tag)
+
+
+def recv(comm, t: torch.Tensor, source: int, tag: int) -> None:
+    comm.Recv(msg(t), source, tag)
+
+
+def scratch(buf: torch.Tensor, n: int) -> torch.Tensor:
+    """A receive buffer of n elements like buf (same dtype and device)."""
+    return torch.empty(n, dtype=buf.dtype, device=buf.device)

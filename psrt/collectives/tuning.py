@@ -1,0 +1,51 @@
+"""The table behind algorithm='auto': which algorithm is fastest for a message size and
+world size, as measured by `python -m psrt.bench tune` (see README, 'Tuning auto').
+
+A table lists, per collective and world size, ascending byte limits and the algorithm that
+won up to each limit.  For a world size not in the table the nearest measured one is used.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from psrt.errors import PsrtError
+
+SHIPPED = Path(__file__).with_name("tuning.json")
+
+
+@dataclass
+class Tuning:
+    tables: dict = field(default_factory=dict)   # collective -> {world size: [[max_bytes, algo], ...]}
+    source: str = "built-in default"
+
+    @classmethod
+    def load(cls, path: str | os.PathLike | None = None) -> "Tuning":
+        path = path or os.environ.get("PSRT_TUNING") or (SHIPPED if SHIPPED.exists() else None)
+        if path is None:
+            return cls()
+        try:
+            data = json.loads(Path(path).read_text())
+            tables = {coll: {int(n): [(int(limit), str(algo)) for limit, algo in rows]
+                             for n, rows in per_n.items()}
+                      for coll, per_n in data["tables"].items()}
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise PsrtError(f"tuning table {path}: cannot read it ({err})") from err
+        return cls(tables=tables, source=str(path))
+
+    def choose(self, collective: str, nbytes: int, world_size: int, allowed) -> str:
+        per_n = self.tables.get(collective)
+        if not per_n:
+            return "native"
+        n = min(per_n, key=lambda k: (abs(k - world_size), k))
+        for limit, algo in per_n[n]:
+            if nbytes <= limit and algo in allowed:
+                return algo
+        return per_n[n][-1][1] if per_n[n][-1][1] in allowed else "native"
+
+    def save(self, path) -> None:
+        Path(path).write_text(json.dumps({"source": self.source, "tables": {
+            coll: {str(n): [[lim, algo] for lim, algo in rows] for n, rows in per_n.items()}
+            for coll, per_n in self.tables.items()}}, indent=1) + "\n")

@@ -1,0 +1,191 @@
+"""torch tensors <-> MPI buffers.
+
+CPU tensors travel as NumPy views of their storage (no copy).  MPI has no bfloat16 and only
+some libraries know a 16-bit float, so both 16-bit float types travel as 16-bit words and are
+reduced by psrt itself (torch kernels) or, for the MPI library's own collectives, by a
+user-defined MPI op (MPI 4.1 sec. 6.9.5) that runs the same torch kernel.  Sums therefore stay
+in the tensor's own dtype on the wire, as NCCL does; nothing is upcast silently.
+
+CUDA tensors go straight to MPI when the library is CUDA-aware (detected at run time,
+`PSRT_CUDA_AWARE=0|1` overrides), after the producing stream is synchronised; otherwise they
+are staged through pinned host buffers.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+
+import numpy as np
+import torch
+
+from psrt.errors import PsrtError
+
+# dtype -> the MPI datatype the MPI library reduces it as (None: MPI has no such type, so
+# psrt moves it as raw words; see `mpi_op`).
+_DTYPES = {
+    torch.float32: "FLOAT", torch.float64: "DOUBLE", torch.float16: None, torch.bfloat16: None,
+    torch.int32: "INT32_T", torch.int64: "INT64_T", torch.uint8: "UINT8_T", torch.int8: "INT8_T",
+    torch.bool: None,
+}
+_RAW = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.bool: torch.uint8}
+SUPPORTED_DTYPES = tuple(_DTYPES)
+
+
+def check_dtype(t: torch.Tensor) -> None:
+    if t.dtype not in _DTYPES:
+        names = ", ".join(str(d).replace("torch.", "") for d in _DTYPES)
+        raise PsrtError(f"dtype {t.dtype} is not supported by psrt's transport (supported: {names})")
+
+
+def np_view(t: torch.Tensor) -> np.ndarray:
+    """A NumPy array sharing `t`'s memory: t must be a contiguous CPU tensor."""
+    check_dtype(t)
+    raw = _RAW.get(t.dtype)
+    return (t.detach().view(raw) if raw else t.detach()).numpy()
+
+
+def msg(t: torch.Tensor):
+    """An mpi4py message spec for a contiguous tensor (CPU view or CUDA tensor)."""
+    if t.is_cuda:
+        return [t, t.numel() * t.element_size(), _mpi().BYTE]
+    return np_view(t)
+
+
+def _mpi():
+    from mpi4py import MPI
+    return MPI
+
+
+def mpi_datatype(dtype: torch.dtype):
+    """The MPI datatype for reductions in the MPI library, or None for the 16-bit floats."""
+    name = _DTYPES[dtype]
+    return getattr(_mpi(), name) if name else None
+
+
+# ---------------------------------------------------------------- local reductions
+OPS = ("sum", "avg", "max", "min", "prod")
+
+
+def check_op(op: str, dtype: torch.dtype) -> None:
+    if op not in OPS:
+        raise PsrtError(f"unknown reduction op {op!r}; choose one of {', '.join(OPS)}")
+    if op == "avg" and not dtype.is_floating_point:
+        raise PsrtError(f"op 'avg' needs a floating-point tensor, got {dtype}: use 'sum' and divide")
+
+
+def reduce_(acc: torch.Tensor, other: torch.Tensor, op: str) -> torch.Tensor:
+    """acc <- acc (op) other, in acc's dtype, in place.  'avg' reduces as 'sum'."""
+    if op in ("sum", "avg"):
+        if acc.dtype == torch.bool:
+            return torch.logical_or(acc, other, out=acc)
+        return acc.add_(other)
+    if op == "max":
+        return torch.maximum(acc, other, out=acc)
+    if op == "min":
+        return torch.minimum(acc, other, out=acc)
+    if acc.dtype == torch.bool:
+        return torch.logical_and(acc, other, out=acc)
+    return acc.mul_(other)
+
+
+@functools.lru_cache(maxsize=None)
+def mpi_op(op: str, dtype: torch.dtype):
+    """(MPI op, MPI datatype) for the MPI library's own reductions.
+
+    Types MPI knows use its built-in ops.  float16/bfloat16 use a commutative user-defined op
+    over 16-bit words whose body is `reduce_` on torch views of the two buffers.
+    """
+    MPI = _mpi()
+    builtin = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
+    datatype = mpi_datatype(dtype)
+    if datatype is not None and dtype != torch.bool:
+        return builtin[op], datatype
+
+    def body(inbuf, inoutbuf, _datatype, _dtype=dtype, _op=op):
+        src = torch.frombuffer(inbuf, dtype=_dtype)
+        dst = torch.frombuffer(inoutbuf, dtype=_dtype)
+        reduce_(dst, src, _op)
+
+    word = MPI.INT16_T if dtype != torch.bool else MPI.UINT8_T
+    return MPI.Op.Create(body, commute=True), word
+
+
+# ---------------------------------------------------------------- CUDA
+def cuda_aware() -> bool:
+    """Whether CUDA buffers can be handed to MPI directly.
+
+    PSRT_CUDA_AWARE=1/0 decides if set; otherwise ask the library (MPIX_Query_cuda_support
+    through mpi4py where available, else Open MPI's build flag via ompi_info).
+    """
+    forced = os.environ.get("PSRT_CUDA_AWARE")
+    if forced is not None:
+        if forced not in ("0", "1"):
+            raise PsrtError(f"PSRT_CUDA_AWARE must be 0 or 1, got {forced!r}")
+        return forced == "1"
+    return _library_cuda_aware()
+
+
+@functools.lru_cache(maxsize=1)
+def _library_cuda_aware() -> bool:
+    MPI = _mpi()
+    query = getattr(MPI, "Query_cuda_support", None)
+    if query is not None:
+        try:
+            return bool(query())
+        except Exception:  # noqa: BLE001 - an MPI without the extension raises NotImplemented
+            pass
+    try:
+        out = subprocess.run(["ompi_info", "--parsable", "--all"], capture_output=True,
+                             text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "mpi_built_with_cuda_support:value:true" in out
+
+
+class Staging:
+    """Decides how a tensor reaches MPI and moves it back afterwards.
+
+    `enter(t)` returns a contiguous tensor MPI can use; `leave(result)` writes the result
+    into the user's tensor when they differ (non-contiguous input, or a CUDA tensor staged
+    through a pinned host buffer).  Pinned buffers are cached by byte size and reused.
+    """
+
+    def __init__(self, cuda_aware_mpi: bool | None = None):
+        self._cuda_aware = cuda_aware_mpi
+        self._pinned: dict[tuple, torch.Tensor] = {}
+
+    @property
+    def direct_cuda(self) -> bool:
+        if self._cuda_aware is None:
+            self._cuda_aware = cuda_aware()
+        return self._cuda_aware
+
+    def host_buffer(self, like: torch.Tensor) -> torch.Tensor:
+        key = (like.dtype, like.numel())
+        buf = self._pinned.get(key)
+        if buf is None:
+            buf = torch.empty(like.numel(), dtype=like.dtype, pin_memory=torch.cuda.is_available())
+            self._pinned[key] = buf
+        return buf
+
+    def to_mpi(self, t: torch.Tensor) -> torch.Tensor:
+        """A contiguous flat tensor with t's values that MPI can read and write."""
+        check_dtype(t)
+        if t.is_cuda:
+            # MPI does not see CUDA streams: the kernels that produced t must be finished
+            # before the library reads its memory.
+            torch.cuda.current_stream(t.device).synchronize()
+            if self.direct_cuda:
+                return t.contiguous().view(-1) if not t.is_contiguous() else t.view(-1)
+            host = self.host_buffer(t)
+            host.copy_(t.reshape(-1), non_blocking=False)
+            return host
+        return t.reshape(-1) if t.is_contiguous() else t.contiguous().view(-1)
+
+    @staticmethod
+    def from_mpi(flat: torch.Tensor, into: torch.Tensor) -> torch.Tensor:
+        """Write `flat` into `into` unless they already share memory; return `into`."""
+        if flat.data_ptr() != into.data_ptr() or not into.is_contiguous():
+            into.copy_(flat.view(into.shape))
+        return into

@@ -1,0 +1,187 @@
+"""The MPI world: who this process is, where it runs, and how torch.distributed joins it.
+
+`init()` works under mpirun (Open MPI, MPICH/Hydra), srun, horovodrun and as a single plain
+process.  Node layout comes from MPI itself (`Split_type(COMM_TYPE_SHARED)`, refined by host
+name), not from launcher variables, so it is right however the ranks were placed.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import zlib
+from dataclasses import dataclass, field
+
+from psrt.errors import PsrtError
+
+
+@dataclass(frozen=True)
+class World:
+    """One process's view of the job.  Build it once with `init()` and pass it explicitly.
+
+    `comm` is a private Dup of the parent communicator, so psrt's messages never match
+    the user's; `local_comm` holds the ranks on this host.
+    """
+
+    comm: object = field(repr=False)
+    local_comm: object = field(repr=False)
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    node_rank: int
+    num_nodes: int
+    hostname: str
+    launcher: str
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+    def prefix(self) -> str:
+        """`[rank N@host]`, the prefix for output where the rank matters."""
+        return f"[rank {self.rank}@{self.hostname}]"
+
+    def log(self, *args, root_only: bool = False, **kwargs) -> None:
+        """Print with the rank prefix (only on rank 0 when `root_only`)."""
+        if root_only and self.rank != 0:
+            return
+        print(self.prefix(), *args, flush=True, **kwargs)
+
+    def free(self) -> None:
+        """Release the private communicators (call before MPI finalises, if at all)."""
+        for c in (self.local_comm, self.comm):
+            if c is not None:
+                c.Free()
+
+
+def detect_launcher(env=os.environ) -> str:
+    """Name the launcher from the variables it exports (first match wins)."""
+    if "HOROVOD_RANK" in env or "HOROVOD_HOSTNAME" in env:
+        return "horovodrun"
+    if "OMPI_COMM_WORLD_RANK" in env:
+        return "openmpi"
+    if "PMI_RANK" in env or "PMIX_RANK" in env or "MPI_LOCALRANKID" in env:
+        return "mpich" if "PMI_RANK" in env or "MPI_LOCALRANKID" in env else "pmix"
+    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env:
+        return "srun"
+    if "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "WORLD_SIZE" in env):
+        return "torchrun"
+    return "single"
+
+
+def _env_world_size(env=os.environ) -> int | None:
+    """World size the launcher announced, if any (used to catch a mismatched MPI)."""
+    for key in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS", "WORLD_SIZE"):
+        if key in env:
+            try:
+                return int(env[key])
+            except ValueError:
+                return None
+    return None
+
+
+def init(comm=None, export_env: bool = True) -> World:
+    """Initialise MPI (if needed) and describe this process.
+
+    Args:
+        comm: parent communicator; defaults to MPI.COMM_WORLD.  psrt works on a Dup of it.
+        export_env: set RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK and the
+            rendezvous MASTER_ADDR/MASTER_PORT (rank 0 picks a free port) in os.environ.
+    """
+    from mpi4py import MPI
+
+    parent = MPI.COMM_WORLD if comm is None else comm
+    launcher = detect_launcher()
+    announced = _env_world_size()
+    if comm is None and launcher not in ("single", "torchrun") and announced and announced != parent.size:
+        # A launcher from one MPI and an mpi4py built against another start N singletons.
+        raise PsrtError(
+            f"the launcher ({launcher}) announced {announced} ranks but MPI sees {parent.size}: "
+            "mpirun and mpi4py come from different MPI libraries (check `which mpirun` and "
+            "`python -c 'import mpi4py; print(mpi4py.get_config())'`)")
+    dup = parent.Dup()
+    hostname = MPI.Get_processor_name() or socket.gethostname()
+    # Shared-memory domain first, then split by host name as well: a namespace-emulated
+    # host or a container may share a kernel with its neighbours but not its name.
+    shared = dup.Split_type(MPI.COMM_TYPE_SHARED, key=dup.rank)
+    local = shared.Split(color=zlib.crc32(hostname.encode()) & 0x7FFFFFFF, key=dup.rank)
+    shared.Free()
+    # Node rank: leaders (local rank 0) numbered in order of their global rank.
+    is_leader = local.rank == 0
+    leaders = dup.allgather(dup.rank if is_leader else -1)
+    leader_ranks = sorted(r for r in leaders if r >= 0)
+    node_rank = local.bcast(leader_ranks.index(dup.rank) if is_leader else None, root=0)
+    world = World(comm=dup, local_comm=local, rank=dup.rank, size=dup.size,
+                  local_rank=local.rank, local_size=local.size, node_rank=node_rank,
+                  num_nodes=len(leader_ranks), hostname=hostname, launcher=launcher)
+    if export_env:
+        export_torch_env(world)
+    return world
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _host_address(world: World) -> str:
+    """An address of rank 0 that the other ranks can reach."""
+    if "PSRT_MASTER_ADDR" in os.environ:
+        return os.environ["PSRT_MASTER_ADDR"]
+    if world.num_nodes == 1:
+        return "127.0.0.1"
+    try:
+        addr = socket.gethostbyname(world.hostname)
+    except OSError:
+        addr = ""
+    if not addr or addr.startswith("127."):
+        raise PsrtError(
+            f"rank 0's host name {world.hostname!r} resolves to {addr or 'nothing'}, which other "
+            "hosts cannot reach: set PSRT_MASTER_ADDR to rank 0's address")
+    return addr
+
+
+def export_torch_env(world: World) -> dict:
+    """Export torchrun's variables so `torch.distributed.init_process_group("env://")` joins.
+
+    MASTER_ADDR/MASTER_PORT already in the environment (set by the user or torchrun) win;
+    otherwise rank 0 picks a free port on its host and broadcasts it: no fixed port.
+    """
+    master = None
+    if world.rank == 0:
+        addr = os.environ.get("MASTER_ADDR") or _host_address(world)
+        port = os.environ.get("MASTER_PORT") or str(_free_port("" if world.num_nodes > 1 else addr))
+        master = (addr, port)
+    addr, port = world.comm.bcast(master, root=0)
+    values = {
+        "RANK": str(world.rank), "WORLD_SIZE": str(world.size),
+        "LOCAL_RANK": str(world.local_rank), "LOCAL_WORLD_SIZE": str(world.local_size),
+        "NODE_RANK": str(world.node_rank), "GROUP_RANK": str(world.node_rank),
+        "MASTER_ADDR": addr, "MASTER_PORT": port,
+    }
+    os.environ.update(values)
+    return values
+
+
+def init_torch_distributed(world: World, backend: str | None = None, timeout_s: float = 300.0):
+    """Join torch.distributed using the world's rendezvous (gloo on CPU, nccl when CUDA).
+
+    Returns the default process group.  Safe to call twice.
+    """
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return dist.group.WORLD
+    if "MASTER_PORT" not in os.environ:
+        export_torch_env(world)
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(world.local_rank % torch.cuda.device_count())
+    dist.init_process_group(backend=backend, init_method="env://", rank=world.rank,
+                            world_size=world.size, timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.group.WORLD

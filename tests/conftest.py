@@ -1,0 +1,53 @@
+"""Shared fixtures: run a script on N ranks under mpirun and collect what each rank reports."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MPI_SCRIPTS = Path(__file__).resolve().parent / "mpi"
+
+
+def mpirun_argv(np_: int) -> list[str]:
+    """The mpirun prefix for N local ranks on this (possibly small) machine."""
+    from psrt.launcher import local_mpirun_prefix
+    return local_mpirun_prefix(np_)
+
+
+class RankRun:
+    def __init__(self, proc: subprocess.CompletedProcess):
+        self.returncode = proc.returncode
+        self.stdout = proc.stdout
+        self.stderr = proc.stderr
+
+    def records(self) -> list[dict]:
+        """Lines a rank printed as `PSRT-RESULT {json}`."""
+        out = []
+        for line in self.stdout.splitlines():
+            if line.startswith("PSRT-RESULT "):
+                out.append(json.loads(line[len("PSRT-RESULT "):]))
+        return out
+
+    def check(self) -> "RankRun":
+        assert self.returncode == 0, f"exit {self.returncode}\nstdout:\n{self.stdout[-4000:]}\nstderr:\n{self.stderr[-4000:]}"
+        return self
+
+
+@pytest.fixture
+def run_ranks():
+    """run_ranks(np, script_or_module_args..., timeout=s, env={}) -> RankRun."""
+    def run(np_: int, *args: str, timeout: float = 300, env: dict | None = None) -> RankRun:
+        argv = list(args)
+        if argv and argv[0].endswith(".py") and not os.path.isabs(argv[0]):
+            argv[0] = str(MPI_SCRIPTS / argv[0])
+        full_env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **(env or {}))
+        cmd = mpirun_argv(np_) + [sys.executable] + argv
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
+                              stdin=subprocess.DEVNULL)
+        return RankRun(proc)
+    return run

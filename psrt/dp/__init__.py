@@ -1,0 +1,32 @@
+"""Data-parallel strategies, selected by `--dp NAME`.
+
+Entries are import paths so a strategy's module (and its optional dependencies, such as
+horovod) is only imported when it is chosen.
+"""
+from __future__ import annotations
+
+import importlib
+
+from psrt.errors import PsrtError
+
+STRATEGIES = {
+    "ps": "psrt.dp.ps:ParameterServer",                      # synchronous, one server
+    "ps-sharded": "psrt.dp.ps_sharded:ShardedParameterServer",
+    "ps-async": "psrt.dp.ps_async:AsyncParameterServer",     # bounded staleness (SSP)
+    "ring": "psrt.dp.ddp:RingDDP",                           # psrt's ring all-reduce, bucketed
+    "native": "psrt.dp.ddp:NativeDDP",                       # same shape, MPI library allreduce
+    "torch": "psrt.dp.ddp:TorchDDP",                         # same shape, torch.distributed
+    "zero": "psrt.dp.zero:ZeroOptimizer",                    # sharded optimizer state
+    "horovod": "psrt.dp.horovod:HorovodStrategy",
+}
+
+
+def strategy_class(name: str):
+    if name not in STRATEGIES:
+        raise PsrtError(f"unknown data-parallel strategy {name!r}; choose one of {', '.join(STRATEGIES)}",
+                        everywhere=True)
+    module, cls = STRATEGIES[name].split(":")
+    try:
+        return getattr(importlib.import_module(module), cls)
+    except ImportError as err:
+        raise PsrtError(f"--dp {name} is not available: {err}", everywhere=True) from err

@@ -103,6 +103,8 @@ def mpi_op(op: str, dtype: torch.dtype):
         return builtin[op], datatype
 
     def body(inbuf, inoutbuf, _datatype, _dtype=dtype, _op=op):
+        if len(memoryview(inbuf)) == 0:
+            return
         src = torch.frombuffer(inbuf, dtype=_dtype)
         dst = torch.frombuffer(inoutbuf, dtype=_dtype)
         reduce_(dst, src, _op)

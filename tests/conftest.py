@@ -27,10 +27,14 @@ class RankRun:
 
     def records(self) -> list[dict]:
         """Lines a rank printed as `PSRT-RESULT {json}`."""
-        out = []
-        for line in self.stdout.splitlines():
-            if line.startswith("PSRT-RESULT "):
-                out.append(json.loads(line[len("PSRT-RESULT "):]))
+        # mpirun forwards every rank's stdout through one pipe, so two ranks' lines can end up
+        # glued together: decode each JSON object where its marker starts.
+        decoder, out, tag = json.JSONDecoder(), [], "PSRT-RESULT "
+        pos = self.stdout.find(tag)
+        while pos >= 0:
+            obj, end = decoder.raw_decode(self.stdout, pos + len(tag))
+            out.append(obj)
+            pos = self.stdout.find(tag, end)
         return out
 
     def check(self) -> "RankRun":

@@ -1,0 +1,143 @@
+"""Collective benchmark: time, algbw and busbw per algorithm and size, nccl-tests style.
+
+Definitions follow nccl-tests' doc/PERFORMANCE.md: algbw = bytes / time; busbw = algbw x
+2(N-1)/N for allreduce, x (N-1)/N for reduce_scatter and allgather, x 1 for broadcast and
+reduce, so busbw can be compared with the link speed whatever N is.  Each point is the median
+of `repeats` timed loops after `warmup` calls; the loop time is the slowest rank's (the
+collective is done when the last rank is done), with the fastest rank's shown as spread.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from psrt.collectives import ALGORITHMS, Communicator
+
+BUS_FACTOR = {
+    "allreduce": lambda n: 2 * (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "allgather": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+}
+RAW = "mpi4py"  # the MPI library called directly on a NumPy buffer, without psrt's API around it
+
+
+@dataclass
+class Point:
+    collective: str
+    algorithm: str
+    nbytes: int
+    dtype: str
+    world_size: int
+    time_us: float          # median over repeats of the slowest rank's mean time per call
+    time_min_us: float      # same, fastest rank
+    algbw_gbs: float
+    busbw_gbs: float
+    wrong: int              # elements that differ from the expected result
+
+    def row(self) -> dict:
+        return asdict(self)
+
+
+def parse_size(text: str) -> int:
+    units = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
+             "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+    t = text.strip().upper()
+    num = t.rstrip("KMGIB")
+    unit = t[len(num):]
+    if not num or unit not in units:
+        raise ValueError(f"bad size {text!r} (examples: 4, 4B, 64K, 16MiB, 1G)")
+    return int(float(num) * units[unit])
+
+
+def size_sweep(lo: int, hi: int, step: int = 2) -> list[int]:
+    out, s = [], lo
+    while s <= hi:
+        out.append(s)
+        s *= step
+    return out
+
+
+def _call(comm: Communicator, collective: str, algorithm: str, x: torch.Tensor, out: torch.Tensor):
+    if algorithm == RAW:
+        from mpi4py import MPI
+
+        from psrt.transport import np_view
+        comm.comm.Allreduce(np_view(x), np_view(out), MPI.SUM)
+        return out
+    if collective == "allreduce":
+        return comm.allreduce(x, out=out, algorithm=algorithm)
+    if collective == "reduce_scatter":
+        return comm.reduce_scatter(x, algorithm=algorithm)
+    if collective == "allgather":
+        return comm.allgather(x, out=out, algorithm=algorithm)
+    if collective == "broadcast":
+        return comm.broadcast(x, root=0, algorithm=algorithm)
+    return comm.reduce(x, root=0, algorithm=algorithm)
+
+
+def _wrong(comm: Communicator, collective: str, result, n: int) -> int:
+    """Elements that differ from the expected value (inputs are rank+1 everywhere)."""
+    if result is None:
+        return 0
+    want = {"allreduce": n * (n + 1) / 2, "reduce_scatter": n * (n + 1) / 2, "reduce": n * (n + 1) / 2,
+            "broadcast": 1.0}.get(collective)
+    if collective == "allgather":
+        per = result.numel() // n
+        want_t = torch.arange(1, n + 1, dtype=result.dtype).repeat_interleave(per)
+        return int((result.reshape(-1) != want_t).sum())
+    return int((result != want).sum())
+
+
+def measure(comm: Communicator, collective: str, algorithm: str, nbytes: int,
+            dtype: torch.dtype = torch.float32, warmup: int = 3, repeats: int = 5,
+            min_time_s: float = 0.02) -> Point:
+    n, rank = comm.size, comm.rank
+    esize = torch.empty(0, dtype=dtype).element_size()
+    numel = max(nbytes // esize, 1)
+    if collective == "allgather":
+        numel = max(numel // n, 1)
+    x = torch.full((numel,), float(rank + 1), dtype=dtype)
+    out = torch.empty(numel * (n if collective == "allgather" else 1), dtype=dtype)
+    fresh = x.clone()
+    result = _call(comm, collective, algorithm, x, out)
+    wrong = _wrong(comm, collective, result, n)
+    if collective == "broadcast":
+        x.copy_(fresh)
+    for _ in range(warmup):
+        _call(comm, collective, algorithm, x, out)
+    # Pick an iteration count so one timed loop lasts about min_time_s (rank 0 decides).
+    t0 = time.perf_counter()
+    _call(comm, collective, algorithm, x, out)
+    iters = comm.comm.bcast(max(1, min(1000, int(min_time_s / max(time.perf_counter() - t0, 1e-7)))), root=0)
+    slow, fast = [], []
+    for _ in range(repeats):
+        comm.comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            _call(comm, collective, algorithm, x, out)
+        dt = (time.perf_counter() - t0) / iters
+        times = comm.comm.allgather(dt)
+        slow.append(max(times))
+        fast.append(min(times))
+    t = statistics.median(slow)
+    total = numel * esize * (n if collective == "allgather" else 1)
+    algbw = total / t / 1e9
+    return Point(collective, algorithm, total, str(dtype).replace("torch.", ""), n, t * 1e6,
+                 statistics.median(fast) * 1e6, algbw, algbw * BUS_FACTOR[collective](n),
+                 comm.comm.allreduce(wrong))
+
+
+def algorithms_for(collective: str, requested: list[str] | None, torch_ready: bool) -> list[str]:
+    names = list(requested) if requested else list(ALGORITHMS[collective]) + ["auto"]
+    names = [a for a in names if a == "auto" or a == RAW or a in ALGORITHMS[collective]]
+    if not torch_ready:
+        names = [a for a in names if a != "torch"]
+    if RAW in names and collective != "allreduce":
+        names.remove(RAW)
+    # native first: every other row is compared with it
+    return sorted(names, key=lambda a: a != "native")

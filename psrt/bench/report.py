@@ -1,0 +1,94 @@
+"""Tables, files and plots for benchmark results (rank 0 only)."""
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+
+def fmt_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            v = n / size
+            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.1f} {unit}"
+    return f"{n} B"
+
+
+def table(rows: list[dict], columns: list[tuple[str, str, str]], out=sys.stdout) -> None:
+    """Print rows as an aligned table; columns are (key, header, format spec)."""
+    cells = [[h for _, h, _ in columns]]
+    for r in rows:
+        cells.append([(format(r[k], f) if f and r.get(k) is not None else str(r.get(k, "")))
+                      for k, _, f in columns])
+    widths = [max(len(c[i]) for c in cells) for i in range(len(columns))]
+    for i, line in enumerate(cells):
+        print("  ".join(c.rjust(w) for c, w in zip(line, widths)), file=out)
+        if i == 0:
+            print("  ".join("-" * w for w in widths), file=out)
+    out.flush()
+
+
+def write_json(path, payload) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(payload, indent=1) + "\n")
+
+
+def write_csv(path, rows: list[dict]) -> None:
+    if not rows:
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def plot_busbw(rows: list[dict], path, title: str) -> bool:
+    """busbw vs message size, one line per algorithm (log-log).  False if matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for algo in dict.fromkeys(r["algorithm"] for r in rows):
+        pts = sorted((r["nbytes"], r["busbw_gbs"]) for r in rows if r["algorithm"] == algo)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=algo,
+                lw=2.2 if algo in ("ring", "native") else 1.2)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+class Progress:
+    """A one-line progress display on stderr (rank 0 only; plain lines when not a terminal)."""
+
+    def __init__(self, total: int, label: str, enabled: bool = True):
+        self.total, self.label, self.done = max(total, 1), label, 0
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+
+    def update(self, what: str = "") -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        frac = self.done / self.total
+        if self.tty:
+            bar = "#" * int(frac * 30)
+            sys.stderr.write(f"\r{self.label} [{bar:<30}] {self.done}/{self.total} {what[:40]:<40}")
+            if self.done == self.total:
+                sys.stderr.write("\n")
+        elif self.done == self.total or self.done % max(self.total // 10, 1) == 0:
+            sys.stderr.write(f"{self.label}: {self.done}/{self.total} {what}\n")
+        sys.stderr.flush()

@@ -9,6 +9,14 @@ from pathlib import Path
 
 import pytest
 
+# The pytest process only launches ranks; it must never become an MPI process itself (a
+# module that imports mpi4py.MPI at collection would make it an Open MPI singleton whose
+# OMPI_* variables then leak into the mpirun it starts and wedge that job).
+import mpi4py
+
+mpi4py.rc.initialize = False
+mpi4py.rc.finalize = False
+
 ROOT = Path(__file__).resolve().parent.parent
 MPI_SCRIPTS = Path(__file__).resolve().parent / "mpi"
 
@@ -49,7 +57,9 @@ def run_ranks():
         argv = list(args)
         if argv and argv[0].endswith(".py") and not os.path.isabs(argv[0]):
             argv[0] = str(MPI_SCRIPTS / argv[0])
-        full_env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **(env or {}))
+        full_env = {k: v for k, v in os.environ.items()
+                    if not k.startswith(("OMPI_COMM_", "OMPI_MCA_orte_", "OMPI_MCA_ess", "PMIX_", "PMI_"))}
+        full_env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **(env or {}))
         cmd = mpirun_argv(np_) + [sys.executable] + argv
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
                               stdin=subprocess.DEVNULL)

@@ -1,0 +1,23 @@
+# psrt: set-up, demo and tests.  `make demo` and `make test` each install what they need first.
+PYTHON ?= python3
+NP ?= 4
+
+.PHONY: install demo test bench tune clean
+
+install:
+	bash scripts/install.sh
+
+demo: install
+	./mpi_launch -np $(NP) $(PYTHON) -m psrt.train --dp ps,ring
+
+test: install
+	bash scripts/test.sh
+
+bench: install
+	./mpi_launch -np 2 $(PYTHON) -m psrt.bench collectives --max-size 64MiB --plot out/allreduce_np2.png --json out/allreduce_np2.json
+
+tune: install
+	$(PYTHON) -m psrt.bench tune --np 2,4,8
+
+clean:
+	rm -rf build *.egg-info .pytest_cache out

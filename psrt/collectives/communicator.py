@@ -39,6 +39,9 @@ _BROADCAST = {"tree": tree.broadcast, "ps": ps.broadcast, "native": native.broad
 _REDUCE = {"tree": tree.reduce, "ps": ps.reduce, "native": native.reduce,
            "torch": torch_backend.reduce}
 
+# dtypes the MPI library reduces itself (no user-defined op), eligible for the lean path
+_MPI_TYPED = frozenset({torch.float32, torch.float64, torch.int32, torch.int64, torch.uint8, torch.int8})
+
 ALGORITHMS = {
     "allreduce": tuple(_ALLREDUCE), "reduce_scatter": tuple(_REDUCE_SCATTER),
     "allgather": tuple(_ALLGATHER), "broadcast": tuple(_BROADCAST), "reduce": tuple(_REDUCE),
@@ -74,6 +77,7 @@ class Communicator:
         self._torch_group = torch_group
         self._staging = Staging()
         self._executor = Executor()
+        self._auto: dict = {}   # (collective, nbytes) -> algorithm picked by 'auto'
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, size={self.size}, algorithm={self.algorithm!r})"
@@ -92,7 +96,10 @@ class Communicator:
                                 f"choose one of auto, {', '.join(table)}")
             name = "auto"
         if name == "auto":
-            name = self.tuning.choose(collective, nbytes, self.size, table)
+            key = (collective, nbytes)
+            name = self._auto.get(key)
+            if name is None:
+                name = self._auto[key] = self.tuning.choose(collective, nbytes, self.size, table)
         return name
 
     def _backend_comm(self, algorithm: str):
@@ -165,6 +172,12 @@ class Communicator:
         check_op(op, t.dtype)
         self._check_out(out, t.shape, t.dtype, "allreduce")
         algo = self._pick("allreduce", algorithm, t.numel() * t.element_size())
+        if (algo == "native" and not async_op and self._executor.idle() and not t.is_cuda
+                and t.dtype in _MPI_TYPED and t.is_contiguous()
+                and (out is None or out.is_contiguous())):
+            result = out if out is not None else torch.empty_like(t)
+            native.allreduce_into(self.comm, t, result, op)
+            return result.div_(self.size) if op == "avg" else result
         fn = _ALLREDUCE[algo]
 
         def run():

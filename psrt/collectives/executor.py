@@ -70,6 +70,10 @@ class Executor:
         self._queue.put((fn, handle))
         return handle
 
+    def idle(self) -> bool:
+        """Nothing submitted is still pending (so a blocking call may run right away)."""
+        return self._pending == 0
+
     def run(self, fn):
         """Run fn now in this thread, after everything submitted before it."""
         with self._idle:

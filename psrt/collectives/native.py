@@ -25,6 +25,16 @@ def allreduce(comm, buf: torch.Tensor, op: str) -> None:
     comm.Allreduce(MPI.IN_PLACE, spec, mop)
 
 
+def allreduce_into(comm, src: torch.Tensor, dst: torch.Tensor, op: str) -> None:
+    """Out of place, contiguous CPU tensors of an MPI type: the library writes dst directly
+    (no staging copy), which is what keeps small messages close to the bare MPI call."""
+    mop, dtype = mpi_op(op, src.dtype)
+    if src.data_ptr() == dst.data_ptr():
+        comm.Allreduce(MPI.IN_PLACE, [np_view(dst), dtype], mop)
+    else:
+        comm.Allreduce([np_view(src), dtype], [np_view(dst), dtype], mop)
+
+
 def reduce(comm, buf: torch.Tensor, root: int, op: str) -> None:
     spec, mop = _typed(buf, op)
     if comm.rank == root:

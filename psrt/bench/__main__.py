@@ -47,17 +47,19 @@ def run_collectives(args) -> int:
         psrt.init_torch_distributed(world)
         torch_ready = True
     comm = psrt.Communicator(world)
-    plan = [(c, a, s) for c in args.collective.split(",")
-            for a in cb.algorithms_for(c, wanted, torch_ready) for s in sizes]
     bad = [c for c in args.collective.split(",") if c not in COLLECTIVES]
     if bad:
         raise PsrtError(f"--collective {','.join(bad)}: choose from {', '.join(COLLECTIVES)}", everywhere=True)
+    plan = [(c, s) for c in args.collective.split(",") for s in sizes]
     progress = report.Progress(len(plan), f"bench np={world.size}", enabled=world.rank == 0 and not args.quiet)
-    rows = []
-    for coll, algo, size in plan:
-        p = cb.measure(comm, coll, algo, size, dtype, warmup=args.warmup, repeats=args.repeats)
-        rows.append(p.row())
-        progress.update(f"{coll} {algo} {report.fmt_bytes(size)}")
+    points = []
+    for coll, size in plan:
+        points += cb.measure(comm, coll, cb.algorithms_for(coll, wanted, torch_ready), size, dtype,
+                             warmup=args.warmup, repeats=args.repeats)
+        progress.update(f"{coll} {report.fmt_bytes(size)}")
+    # one table block per algorithm reads best: sort by collective, algorithm order, size
+    order = {a: i for i, a in enumerate(dict.fromkeys(p.algorithm for p in points))}
+    rows = [p.row() for p in sorted(points, key=lambda p: (p.collective, order[p.algorithm], p.nbytes))]
     if world.rank != 0:
         comm.close()
         return 0

@@ -93,9 +93,11 @@ def _wrong(comm: Communicator, collective: str, result, n: int) -> int:
     return int((result != want).sum())
 
 
-def measure(comm: Communicator, collective: str, algorithm: str, nbytes: int,
+def measure(comm: Communicator, collective: str, algorithms: list[str], nbytes: int,
             dtype: torch.dtype = torch.float32, warmup: int = 3, repeats: int = 5,
-            min_time_s: float = 0.02) -> Point:
+            min_time_s: float = 0.02) -> list[Point]:
+    """Time every algorithm at one size.  Repeats are interleaved (A B C, A B C, ...) so a
+    change in machine load during the run hits all algorithms alike and the ratios hold."""
     n, rank = comm.size, comm.rank
     esize = torch.empty(0, dtype=dtype).element_size()
     numel = max(nbytes // esize, 1)
@@ -104,32 +106,37 @@ def measure(comm: Communicator, collective: str, algorithm: str, nbytes: int,
     x = torch.full((numel,), float(rank + 1), dtype=dtype)
     out = torch.empty(numel * (n if collective == "allgather" else 1), dtype=dtype)
     fresh = x.clone()
-    result = _call(comm, collective, algorithm, x, out)
-    wrong = _wrong(comm, collective, result, n)
-    if collective == "broadcast":
+    wrong, iters = {}, {}
+    for algo in algorithms:
         x.copy_(fresh)
-    for _ in range(warmup):
-        _call(comm, collective, algorithm, x, out)
-    # Pick an iteration count so one timed loop lasts about min_time_s (rank 0 decides).
-    t0 = time.perf_counter()
-    _call(comm, collective, algorithm, x, out)
-    iters = comm.comm.bcast(max(1, min(1000, int(min_time_s / max(time.perf_counter() - t0, 1e-7)))), root=0)
-    slow, fast = [], []
-    for _ in range(repeats):
-        comm.comm.Barrier()
+        wrong[algo] = comm.comm.allreduce(_wrong(comm, collective, _call(comm, collective, algo, x, out), n))
+        x.copy_(fresh)
+        for _ in range(warmup):
+            _call(comm, collective, algo, x, out)
+        # Iterations so one timed loop lasts about min_time_s (rank 0 decides for all).
         t0 = time.perf_counter()
-        for _ in range(iters):
-            _call(comm, collective, algorithm, x, out)
-        dt = (time.perf_counter() - t0) / iters
-        times = comm.comm.allgather(dt)
-        slow.append(max(times))
-        fast.append(min(times))
-    t = statistics.median(slow)
+        _call(comm, collective, algo, x, out)
+        iters[algo] = comm.comm.bcast(max(1, min(1000, int(min_time_s / max(time.perf_counter() - t0, 1e-7)))), root=0)
+    slow = {a: [] for a in algorithms}
+    fast = {a: [] for a in algorithms}
+    for _ in range(repeats):
+        for algo in algorithms:
+            comm.comm.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters[algo]):
+                _call(comm, collective, algo, x, out)
+            times = comm.comm.allgather((time.perf_counter() - t0) / iters[algo])
+            slow[algo].append(max(times))
+            fast[algo].append(min(times))
     total = numel * esize * (n if collective == "allgather" else 1)
-    algbw = total / t / 1e9
-    return Point(collective, algorithm, total, str(dtype).replace("torch.", ""), n, t * 1e6,
-                 statistics.median(fast) * 1e6, algbw, algbw * BUS_FACTOR[collective](n),
-                 comm.comm.allreduce(wrong))
+    points = []
+    for algo in algorithms:
+        t = statistics.median(slow[algo])
+        algbw = total / t / 1e9
+        points.append(Point(collective, algo, total, str(dtype).replace("torch.", ""), n, t * 1e6,
+                            statistics.median(fast[algo]) * 1e6, algbw,
+                            algbw * BUS_FACTOR[collective](n), wrong[algo]))
+    return points
 
 
 def algorithms_for(collective: str, requested: list[str] | None, torch_ready: bool) -> list[str]:

@@ -1,0 +1,117 @@
+"""Transport and layout logic that needs no running MPI job."""
+import numpy as np
+import pytest
+import torch
+
+from psrt.collectives.layout import even_counts, offsets
+from psrt.collectives.tuning import Tuning
+from psrt.errors import PsrtError
+from psrt import transport
+from psrt.bench.__main__ import crossovers
+
+
+@pytest.mark.parametrize("dtype", transport.SUPPORTED_DTYPES)
+def test_np_view_shares_memory(dtype):
+    t = torch.zeros(6, dtype=dtype)
+    view = transport.np_view(t)
+    assert view.nbytes == t.numel() * t.element_size()
+    view[...] = np.frombuffer(bytes(range(1, view.nbytes + 1)), dtype=view.dtype).reshape(view.shape)
+    # the tensor sees the bytes written through the view: no copy was made
+    assert bytes(t.view(torch.uint8).numpy()) == bytes(range(1, view.nbytes + 1))
+
+
+def test_unsupported_dtype_is_a_clear_error():
+    with pytest.raises(PsrtError, match="complex64 is not supported"):
+        transport.np_view(torch.zeros(2, dtype=torch.complex64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.uint8])
+@pytest.mark.parametrize("op,fn", [("sum", lambda a, b: a + b), ("max", np.maximum), ("min", np.minimum),
+                                   ("prod", lambda a, b: a * b)])
+def test_reduce_matches_numpy(dtype, op, fn):
+    a = np.array([1, 2, 3, 4, 0, 7], dtype=np.float64)
+    b = np.array([4, 1, 3, 2, 5, 1], dtype=np.float64)
+    acc = torch.tensor(a).to(dtype)
+    transport.reduce_(acc, torch.tensor(b).to(dtype), op)
+    assert acc.dtype == dtype
+    assert np.array_equal(acc.double().numpy(), fn(a, b))
+
+
+def test_bfloat16_sum_stays_bfloat16_on_the_wire():
+    # 16-bit floats travel as 16-bit words: the MPI buffer is 2 bytes per element
+    t = torch.ones(5, dtype=torch.bfloat16)
+    assert transport.np_view(t).itemsize == 2
+
+
+def test_avg_needs_floating_point():
+    with pytest.raises(PsrtError, match="avg"):
+        transport.check_op("avg", torch.int64)
+    with pytest.raises(PsrtError, match="unknown reduction op 'mean'"):
+        transport.check_op("mean", torch.float32)
+
+
+def test_staging_writes_back_into_non_contiguous_tensor():
+    base = torch.zeros(4, 6)
+    target = base[:, ::2]                      # not contiguous
+    flat = transport.Staging().to_mpi(target)
+    assert flat.is_contiguous() and flat.data_ptr() != target.data_ptr()
+    flat.copy_(torch.arange(12, dtype=torch.float32))
+    transport.Staging.from_mpi(flat, target)
+    assert torch.equal(base[:, ::2], torch.arange(12, dtype=torch.float32).view(4, 3))
+    assert torch.equal(base[:, 1::2], torch.zeros(4, 3))  # neighbours untouched
+
+
+def test_cuda_aware_override(monkeypatch):
+    monkeypatch.setenv("PSRT_CUDA_AWARE", "1")
+    assert transport.cuda_aware() is True
+    monkeypatch.setenv("PSRT_CUDA_AWARE", "0")
+    assert transport.cuda_aware() is False
+    monkeypatch.setenv("PSRT_CUDA_AWARE", "yes")
+    with pytest.raises(PsrtError, match="PSRT_CUDA_AWARE must be 0 or 1"):
+        transport.cuda_aware()
+
+
+@pytest.mark.parametrize("total,parts", [(0, 3), (1, 4), (2, 5), (10, 3), (1 << 20, 8), (7, 7)])
+def test_even_counts(total, parts):
+    counts = even_counts(total, parts)
+    assert len(counts) == parts and sum(counts) == total
+    assert max(counts) - min(counts) <= 1 and counts == sorted(counts, reverse=True)
+    assert offsets(counts)[-1] == total
+
+
+def test_tuning_choose_nearest_world_size_and_limits():
+    t = Tuning(tables={"allreduce": {2: [(1024, "doubling"), (1 << 62, "ring")],
+                                     8: [(1 << 62, "native")]}})
+    allowed = ("ring", "doubling", "native")
+    assert t.choose("allreduce", 1000, 2, allowed) == "doubling"
+    assert t.choose("allreduce", 4096, 3, allowed) == "ring"        # 3 is nearest to 2
+    assert t.choose("allreduce", 4096, 7, allowed) == "native"      # 7 is nearest to 8
+    assert t.choose("broadcast", 4096, 2, allowed) == "native"      # no table: the library's
+    assert t.choose("allreduce", 1000, 2, ("ring", "native")) == "ring"  # winner not allowed
+
+
+def test_tuning_file_round_trip_and_errors(tmp_path):
+    t = Tuning(tables={"allreduce": {4: [(64, "doubling"), (1 << 62, "ring")]}}, source="test")
+    t.save(tmp_path / "t.json")
+    again = Tuning.load(tmp_path / "t.json")
+    assert again.tables == t.tables
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(PsrtError, match="bad.json"):
+        Tuning.load(tmp_path / "bad.json")
+
+
+def test_shipped_tuning_table_is_valid():
+    from psrt.collectives import ALGORITHMS
+    t = Tuning.load()
+    for coll, per_n in t.tables.items():
+        for n, rows in per_n.items():
+            limits = [lim for lim, _ in rows]
+            assert limits == sorted(limits), (coll, n)
+            assert all(algo in ALGORITHMS[coll] for _, algo in rows), (coll, n, rows)
+
+
+def test_crossovers_keep_previous_winner_on_ties():
+    rows = [{"nbytes": s, "algorithm": a, "time_us": t} for s, a, t in [
+        (4, "doubling", 10), (4, "ring", 30), (64, "doubling", 20), (64, "ring", 20.5),
+        (1024, "doubling", 90), (1024, "ring", 40)]]
+    assert crossovers(rows) == [(64, "doubling"), (1 << 62, "ring")]

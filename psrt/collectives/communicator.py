@@ -10,6 +10,8 @@ and non-blocking calls (see executor).
 from __future__ import annotations
 
 import math
+import os
+import time
 
 import torch
 
@@ -62,10 +64,20 @@ class Communicator:
             named by PSRT_TUNING).
         torch_group: torch.distributed group for the 'torch' algorithm (default: the default
             group, which must span the same ranks).
+        check: how much to verify that all ranks called the same collective with agreeing
+            arguments before it runs: 'all' (every call: a debugging mode), 'cheap' (the
+            first call of each collective; default) or 'off'.  PSRT_CHECK overrides the
+            default.  A disagreement raises CollectiveMismatch on every rank, naming the
+            ranks and what each passed, instead of hanging or returning garbage.
+
+    `state` is (call number, collective name, start time or None when idle): a watchdog
+    thread may read it to say which rank is stuck where.
     """
 
+    CHECK_MODES = ("all", "cheap", "off")
+
     def __init__(self, comm, algorithm: str = "auto", tuning: Tuning | None = None,
-                 torch_group=None):
+                 torch_group=None, check: str | None = None):
         self.comm = getattr(comm, "comm", comm)
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
@@ -78,13 +90,42 @@ class Communicator:
         self._staging = Staging()
         self._executor = Executor()
         self._auto: dict = {}   # (collective, nbytes) -> algorithm picked by 'auto'
+        self.check = check or os.environ.get("PSRT_CHECK", "cheap")
+        if self.check not in self.CHECK_MODES:
+            raise PsrtError(f"check mode {self.check!r} (PSRT_CHECK?) must be one of "
+                            f"{', '.join(self.CHECK_MODES)}", everywhere=True)
+        # Fingerprints and shape exchanges travel on their own communicator, so they never
+        # interleave with the data of a collective still running on the worker thread.
+        self._meta = self.comm.Dup()
+        self._checked: set = set()
+        self.calls = 0
+        self.state: tuple = (0, "", None)
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, size={self.size}, algorithm={self.algorithm!r})"
 
     def close(self) -> None:
-        """Stop the worker thread used by non-blocking calls."""
+        """Stop the worker thread used by non-blocking calls and free the metadata communicator."""
         self._executor.close()
+        if self._meta is not None:
+            self._meta.Free()
+            self._meta = None
+
+    def _verify(self, name: str, **signature) -> None:
+        """Exchange (collective, arguments) with every rank and fail loudly on disagreement."""
+        self.calls += 1
+        if self.check == "off" or (self.check == "cheap" and name in self._checked):
+            return
+        self._checked.add(name)
+        mine = (name, tuple(sorted(signature.items())))
+        every = self._meta.allgather(mine)
+        bad = [r for r, fp in enumerate(every) if fp != every[0]]
+        if bad:
+            def show(fp):
+                return fp[0] + "(" + ", ".join(f"{k}={v}" for k, v in fp[1]) + ")"
+            listing = "; ".join(f"rank {r}: {show(fp)}" for r, fp in enumerate(every))
+            raise CollectiveMismatch(f"collective call #{self.calls} does not match across ranks: "
+                                     f"ranks {bad} differ from rank 0 ({listing})", everywhere=True)
 
     # ------------------------------------------------------------ plumbing
     def _pick(self, collective: str, algorithm: str | None, nbytes: int) -> str:
@@ -131,8 +172,16 @@ class Communicator:
             return self._staging.host_buffer(src).copy_(src.reshape(-1))
         return src.reshape(-1).clone() if src.is_contiguous() else src.contiguous().view(-1)
 
-    def _run(self, fn, async_op: bool):
-        return self._executor.submit(fn) if async_op else self._executor.run(fn)
+    def _run(self, name: str, fn, async_op: bool):
+        seq = self.calls
+
+        def tracked():
+            self.state = (seq, name, time.monotonic())
+            try:
+                return fn()
+            finally:
+                self.state = (seq, name, None)
+        return self._executor.submit(tracked) if async_op else self._executor.run(tracked)
 
     @staticmethod
     def _check_out(out: torch.Tensor | None, shape, dtype, what: str) -> None:
@@ -151,7 +200,7 @@ class Communicator:
     def _shapes(self, t: torch.Tensor, what: str) -> list[tuple]:
         """Every rank's (shape, dtype), checking that all but dim 0 agree."""
         mine = (tuple(t.shape), str(t.dtype))
-        shapes = self.comm.allgather(mine)
+        shapes = self._meta.allgather(mine)
         ref_tail, ref_dtype = shapes[0][0][1:], shapes[0][1]
         bad = [r for r, (s, d) in enumerate(shapes) if s[1:] != ref_tail or d != ref_dtype or not s]
         if bad:
@@ -172,11 +221,14 @@ class Communicator:
         check_op(op, t.dtype)
         self._check_out(out, t.shape, t.dtype, "allreduce")
         algo = self._pick("allreduce", algorithm, t.numel() * t.element_size())
+        self._verify("allreduce", op=op, dtype=t.dtype, numel=t.numel(), algorithm=algo)
         if (algo == "native" and not async_op and self._executor.idle() and not t.is_cuda
                 and t.dtype in _MPI_TYPED and t.is_contiguous()
                 and (out is None or out.is_contiguous())):
             result = out if out is not None else torch.empty_like(t)
+            self.state = (self.calls, "allreduce", time.monotonic())
             native.allreduce_into(self.comm, t, result, op)
+            self.state = (self.calls, "allreduce", None)
             return result.div_(self.size) if op == "avg" else result
         fn = _ALLREDUCE[algo]
 
@@ -187,7 +239,7 @@ class Communicator:
             if op == "avg":
                 flat.div_(self.size)
             return Staging.from_mpi(flat, result)
-        return self._run(run, async_op)
+        return self._run('allreduce', run, async_op)
 
     def reduce_scatter(self, t: torch.Tensor, op: str = "sum", out: torch.Tensor | None = None,
                        counts=None, algorithm: str | None = None, async_op: bool = False):
@@ -203,6 +255,8 @@ class Communicator:
         shape = (counts[self.rank],) + tuple(t.shape[1:])
         self._check_out(out, shape, t.dtype, "reduce_scatter")
         algo = self._pick("reduce_scatter", algorithm, t.numel() * t.element_size())
+        self._verify("reduce_scatter", op=op, dtype=t.dtype, shape=tuple(t.shape), counts=tuple(counts),
+                     algorithm=algo)
         fn = _REDUCE_SCATTER[algo]
 
         def run():
@@ -214,7 +268,7 @@ class Communicator:
                 mine.div_(self.size)
             result = out if out is not None else torch.empty(shape, dtype=t.dtype, device=t.device)
             return result.copy_(mine)
-        return self._run(run, async_op)
+        return self._run('reduce_scatter', run, async_op)
 
     def reduce(self, t: torch.Tensor, root: int = 0, op: str = "sum", out: torch.Tensor | None = None,
                algorithm: str | None = None, async_op: bool = False):
@@ -224,6 +278,7 @@ class Communicator:
         self._check_root(root, "reduce")
         self._check_out(out, t.shape, t.dtype, "reduce")
         algo = self._pick("reduce", algorithm, t.numel() * t.element_size())
+        self._verify("reduce", op=op, root=root, dtype=t.dtype, numel=t.numel(), algorithm=algo)
         fn = _REDUCE[algo]
 
         def run():
@@ -235,7 +290,7 @@ class Communicator:
             if op == "avg":
                 flat.div_(self.size)
             return Staging.from_mpi(flat, result if result is not None else torch.empty_like(t))
-        return self._run(run, async_op)
+        return self._run('reduce', run, async_op)
 
     # ------------------------------------------------------------ data movement
     def broadcast(self, t: torch.Tensor, root: int = 0, algorithm: str | None = None,
@@ -244,13 +299,14 @@ class Communicator:
         check_dtype(t)
         self._check_root(root, "broadcast")
         algo = self._pick("broadcast", algorithm, t.numel() * t.element_size())
+        self._verify("broadcast", root=root, dtype=t.dtype, numel=t.numel(), algorithm=algo)
         fn = _BROADCAST[algo]
 
         def run():
             flat = self._work(t, algo, direct=t)
             fn(self._backend_comm(algo), flat, root)
             return Staging.from_mpi(flat, t)
-        return self._run(run, async_op)
+        return self._run('broadcast', run, async_op)
 
     def allgather(self, t: torch.Tensor, out: torch.Tensor | None = None, counts=None,
                   algorithm: str | None = None, async_op: bool = False):
@@ -272,6 +328,7 @@ class Communicator:
         shape = (sum(counts),) + tuple(t.shape[1:])
         self._check_out(out, shape, t.dtype, "allgather")
         algo = self._pick("allgather", algorithm, sum(elems) * t.element_size())
+        self._verify("allgather", dtype=t.dtype, counts=tuple(counts), row=tuple(t.shape[1:]), algorithm=algo)
         fn = _ALLGATHER[algo]
 
         def run():
@@ -286,7 +343,7 @@ class Communicator:
             flat[off[self.rank]:off[self.rank + 1]].copy_(t.reshape(-1))
             fn(self._backend_comm(algo), flat, elems)
             return Staging.from_mpi(flat, result)
-        return self._run(run, async_op)
+        return self._run('allgather', run, async_op)
 
     def gather(self, t: torch.Tensor, root: int = 0, async_op: bool = False):
         """Concatenate every rank's t along dim 0 on `root` (uneven rows allowed); None elsewhere."""
@@ -294,6 +351,7 @@ class Communicator:
         self._check_root(root, "gather")
         if t.dim() == 0:
             t = t.reshape(1)
+        self._verify("gather", root=root, dtype=t.dtype, row=tuple(t.shape[1:]))
         shapes = self._shapes(t, "gather")
         row = math.prod(t.shape[1:])
         elems = [s[0] * row for s in shapes]
@@ -305,13 +363,14 @@ class Communicator:
             if recv is None:
                 return None
             return recv.view((sum(s[0] for s in shapes),) + tuple(t.shape[1:])).to(t.device)
-        return self._run(run, async_op)
+        return self._run('gather', run, async_op)
 
     def scatter(self, t: torch.Tensor | None, root: int = 0, counts=None, async_op: bool = False):
         """Split root's t along dim 0 (by `counts` rows, default even) and give rank r part r.
 
         Only the root's t is read; other ranks may pass None."""
         self._check_root(root, "scatter")
+        self._verify("scatter", root=root)
         meta = None
         if self.rank == root:
             if t is None:
@@ -319,7 +378,7 @@ class Communicator:
             check_dtype(t)
             counts = self._rows(t, counts, "scatter")
             meta = (counts, tuple(t.shape[1:]), t.dtype)
-        counts, tail, dtype = self.comm.bcast(meta, root=root)
+        counts, tail, dtype = self._meta.bcast(meta, root=root)
         row = math.prod(tail)
         elems = [c * row for c in counts]
 
@@ -329,7 +388,7 @@ class Communicator:
             native.scatter(self.comm, send, recv, elems, root)
             device = t.device if t is not None else "cpu"
             return recv.view((counts[self.rank],) + tail).to(device)
-        return self._run(run, async_op)
+        return self._run('scatter', run, async_op)
 
     def alltoall(self, t: torch.Tensor, out: torch.Tensor | None = None, async_op: bool = False):
         """Rank r sends block j of t (dim 0 split in `size` equal blocks) to rank j, and
@@ -340,6 +399,7 @@ class Communicator:
             raise PsrtError(f"alltoall: dim 0 of the input ({rows}) must divide by the number "
                             f"of ranks ({self.size})")
         self._check_out(out, t.shape, t.dtype, "alltoall")
+        self._verify("alltoall", dtype=t.dtype, shape=tuple(t.shape))
 
         def run():
             send = self._work(t)
@@ -347,12 +407,14 @@ class Communicator:
             native.alltoall(self.comm, send, recv)
             result = out if out is not None else torch.empty_like(t, memory_format=torch.contiguous_format)
             return Staging.from_mpi(recv, result)
-        return self._run(run, async_op)
+        return self._run('alltoall', run, async_op)
 
     def barrier(self, async_op: bool = False):
+        self._verify("barrier")
+
         def run():
             self.comm.Barrier()
-        return self._run(run, async_op)
+        return self._run('barrier', run, async_op)
 
     def _check_root(self, root: int, what: str) -> None:
         if not 0 <= root < self.size:

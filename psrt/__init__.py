@@ -4,11 +4,24 @@
     world = psrt.init()                       # rank, local rank, node rank, a private comm
     comm = psrt.Communicator(world, algorithm="ring")
     total = comm.allreduce(torch.ones(4))     # == world.size everywhere
+
+Names are imported on first use (PEP 562), so tools that need no torch (mpi_launch,
+python -m psrt.cluster, python -m psrt.info) start without importing it.
 """
-from psrt.collectives import ALGORITHMS, ALL_ALGORITHMS, Communicator, Handle
-from psrt.errors import CollectiveMismatch, PsrtError
-from psrt.world import World, init, init_torch_distributed
+import importlib
 
 __version__ = "0.1.0"
-__all__ = ["init", "World", "init_torch_distributed", "Communicator", "Handle", "ALGORITHMS",
-           "ALL_ALGORITHMS", "PsrtError", "CollectiveMismatch"]
+
+_EXPORTS = {
+    "init": "psrt.world", "World": "psrt.world", "init_torch_distributed": "psrt.world",
+    "Communicator": "psrt.collectives", "Handle": "psrt.collectives",
+    "ALGORITHMS": "psrt.collectives", "ALL_ALGORITHMS": "psrt.collectives",
+    "PsrtError": "psrt.errors", "CollectiveMismatch": "psrt.errors",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'psrt' has no attribute {name!r}")

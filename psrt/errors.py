@@ -25,7 +25,7 @@ class CollectiveMismatch(PsrtError):
 
 
 def _rank_from_env() -> int | None:
-    for key in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID", "RANK"):
+    for key in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "HOROVOD_RANK", "SLURM_PROCID", "RANK"):
         if key in os.environ:
             try:
                 return int(os.environ[key])

@@ -1,12 +1,379 @@
-"""Building launcher command lines (mpirun / srun).  See `mpi_launch`."""
+"""Launcher command lines: hostfiles, rank placement and the mpirun / mpiexec / srun argv.
+
+`mpi_launch` (the script in the repository root) is a thin front to this module.  The
+planning functions are pure (flavour, environment and core count come in as arguments), so
+every command line they build is unit-tested without an MPI.  Hostfile formats: see
+hostfiles/README.md.
+"""
 from __future__ import annotations
 
+import argparse
 import os
+import re
+import shlex
 import shutil
+import signal
+import socket
 import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from psrt.errors import PsrtError
+from psrt.errors import PsrtError, cli_main
 
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_HOSTFILE = ROOT / "hostfiles" / "localhost"
+FLAVOURS = ("openmpi4", "openmpi5", "mpich")
+
+# A host name or IPv4 address; IPv6 would clash with MPICH's `host:N`.
+_NAME = r"[A-Za-z0-9_.-]+"
+_OPENMPI_LINE = re.compile(rf"^({_NAME})((?:\s+\w+=\S*)*)$")
+_MPICH_LINE = re.compile(rf"^({_NAME}):(\S*)$")
+_OPENMPI_KEYS = ("slots", "max_slots", "max-slots")
+
+
+# --- hostfiles ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Host:
+    """One hostfile entry.  `slots` is None when the entry gave none (see `slots_of`)."""
+
+    name: str
+    slots: int | None
+    where: str = ""      # "FILE line N", for error messages
+    syntax: str = "plain"  # "openmpi" (`host slots=N`), "mpich" (`host:N`) or "plain" (`host`)
+
+
+def _positive(text: str, what: str, where: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise PsrtError(f"{where}: {what} {text!r} is not a positive whole number")
+    return value
+
+
+def parse_host_line(line: str, where: str) -> Host | None:
+    """Parse one line of an Open MPI or MPICH hostfile; None for a blank or comment line."""
+    text = line.split("#", 1)[0].strip()
+    if not text:
+        return None
+    m = _MPICH_LINE.match(text)
+    if m:
+        return Host(m.group(1), _positive(m.group(2), "slot count", where), where, "mpich")
+    m = _OPENMPI_LINE.match(text)
+    if not m:
+        raise PsrtError(f"{where}: cannot read {text!r}: expected `host slots=N` (Open MPI), "
+                        "`host:N` (MPICH) or a bare `host`")
+    slots = None
+    for item in m.group(2).split():
+        key, value = item.split("=", 1)
+        if key not in _OPENMPI_KEYS:
+            raise PsrtError(f"{where}: unknown key {key!r} in {text!r} (known: slots, max_slots)")
+        if key == "slots":
+            slots = _positive(value, "slots", where)
+        else:
+            _positive(value, key, where)  # checked, then left to MPI: psrt places by slots
+    return Host(m.group(1), slots, where, "openmpi" if m.group(2) else "plain")
+
+
+def _merge(hosts: list[Host], source: str) -> tuple[Host, ...]:
+    """Fold repeated hosts into one entry (slots add up, as in Open MPI and MPICH)."""
+    if not hosts:
+        raise PsrtError(f"{source}: names no hosts")
+    syntaxes = {h.syntax for h in hosts} - {"plain"}
+    if len(syntaxes) > 1:
+        raise PsrtError(f"{source}: mixes Open MPI (`host slots=N`) and MPICH (`host:N`) lines")
+    merged: dict[str, Host] = {}
+    for h in hosts:
+        if h.name in merged:
+            old = merged[h.name]
+            slots = None if old.slots is None and h.slots is None else \
+                (old.slots or 1) + (h.slots or 1)
+            h = Host(h.name, slots, old.where, old.syntax)
+        merged[h.name] = h
+    return tuple(merged.values())
+
+
+def parse_hostfile(path: str | os.PathLike) -> tuple[Host, ...]:
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as err:
+        raise PsrtError(f"hostfile {path}: {err.strerror or err}") from None
+    hosts = [parse_host_line(line, f"{path} line {i}") for i, line in enumerate(lines, 1)]
+    return _merge([h for h in hosts if h is not None], str(path))
+
+
+def parse_hosts(spec: str) -> tuple[Host, ...]:
+    """`--hosts node0:4,node1:4` (slot counts optional)."""
+    items = [s.strip() for s in spec.split(",")]
+    if any(not s for s in items):
+        raise PsrtError(f"--hosts {spec!r}: empty entry (expected host[:N],host[:N],...)")
+    hosts = [parse_host_line(s, f"--hosts entry {s!r}") for s in items]
+    return _merge(hosts, f"--hosts {spec!r}")
+
+
+def hostfile_syntax(hosts: tuple[Host, ...]) -> str:
+    """'openmpi', 'mpich' or 'plain' (no slot counts anywhere)."""
+    kinds = {h.syntax for h in hosts} - {"plain"}
+    return kinds.pop() if kinds else "plain"
+
+
+def format_hosts(hosts: tuple[Host, ...], syntax: str, cores: int) -> str:
+    """Hostfile text in `syntax` ('openmpi' or 'mpich') with every slot count spelled out."""
+    fmt = "{} slots={}" if syntax == "openmpi" else "{}:{}"
+    return "".join(fmt.format(h.name, slots_of(h, cores)) + "\n" for h in hosts)
+
+
+def is_local(name: str) -> bool:
+    return name in ("localhost", "127.0.0.1", "::1", socket.gethostname())
+
+
+def slots_of(host: Host, cores: int) -> int:
+    """Slots of an entry: as given; else this machine's cores for a local name, else 1."""
+    if host.slots is not None:
+        return host.slots
+    return cores if is_local(host.name) else 1
+
+
+# --- planning ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Request:
+    """What the user asked for, flavour-independent."""
+
+    command: tuple[str, ...]
+    hosts: tuple[Host, ...]
+    hostfile: str | None = None      # where `hosts` came from (None: --hosts or the default)
+    np: int | None = None            # None: one rank per slot, like mpirun
+    bind: str = "auto"               # auto | none | core | socket | numa
+    oversubscribe: bool = False
+    threads: int | None = None       # OMP_NUM_THREADS; None: cores per rank
+    exports: tuple[str, ...] = ()    # NAME or NAME=VALUE
+    extra: tuple[str, ...] = ()      # passed to the launcher before the command
+    emulated: bool = False           # the hosts are namespaces of this machine (psrt.cluster)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The exact command, the variables it sets, and what the user should be told."""
+
+    argv: tuple[str, ...]
+    env: dict = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    ranks_per_host: tuple[tuple[str, int], ...] = ()
+
+    def shell(self) -> str:
+        return shlex.join(self.argv)
+
+
+@dataclass(frozen=True)
+class Placement:
+    ranks: tuple[tuple[str, int], ...]  # (host, ranks on it), hosts in hostfile order
+    oversubscribed: bool
+    threads: int
+    notes: tuple[str, ...]
+
+
+def _describe(hosts, cores) -> str:
+    return ", ".join(f"{h.name} {slots_of(h, cores)}" for h in hosts)
+
+
+def place(req: Request, cores: int) -> Placement:
+    """Fill the hosts' slots in order (ranks 0.. on the first host), like mpirun's default.
+
+    More ranks than slots is an error, except where the user said --oversubscribe or the
+    run is on this machine alone with no slot count given (then it is said out loud).
+    """
+    if req.np is not None and req.np < 1:
+        raise PsrtError(f"-np {req.np}: a job needs at least one rank")
+    slots = [slots_of(h, cores) for h in req.hosts]
+    total = sum(slots)
+    np_ = total if req.np is None else req.np
+    implied_local = all(is_local(h.name) and h.slots is None for h in req.hosts)
+    notes = []
+    over = np_ > total
+    if over and not (req.oversubscribe or implied_local):
+        where = req.hostfile or "--hosts"
+        raise PsrtError(
+            f"-np {np_} but {where} offers {total} slot{'s' * (total != 1)} "
+            f"({_describe(req.hosts, cores)}): lower -np, raise the slot counts, "
+            "or pass --oversubscribe")
+    if over:
+        why = "--oversubscribe" if req.oversubscribe else "no slot count given"
+        notes.append(f"oversubscribing: {np_} ranks on {total} slot{'s' * (total != 1)} ({why})")
+    counts = []
+    left = np_
+    for s in slots:
+        counts.append(min(s, left))
+        left -= counts[-1]
+    i = 0
+    while left:  # the excess goes round the hosts, as mpirun --oversubscribe does
+        counts[i % len(counts)] += 1
+        left -= 1
+        i += 1
+    ranks = tuple((h.name, n) for h, n in zip(req.hosts, counts) if n)
+    # Cores per rank: a slot stands for a core; namespaces of one machine share its cores.
+    per_host = min(s // n for s, n in zip(slots, counts) if n)
+    if req.emulated or implied_local:
+        per_host = min(per_host, cores // np_)
+    threads = req.threads if req.threads is not None else max(1, per_host)
+    return Placement(ranks, over, threads, tuple(notes))
+
+
+def _exports(req: Request, env, threads: int) -> tuple[dict, list[str], list[str]]:
+    """(values to set, names forwarded as they are, notes).
+
+    PYTHONPATH gets this checkout so `python -m psrt...` runs anywhere; OMP_NUM_THREADS is
+    cores per rank so N ranks do not each start a thread per core; PSRT_* pass through.
+    """
+    values, names, notes = {}, [], []
+    path = [str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                          if p and p != str(ROOT)]
+    values["PYTHONPATH"] = os.pathsep.join(path)
+    if "OMP_NUM_THREADS" in env and req.threads is None:
+        # As torchrun does: a value the user set wins over the computed one.
+        notes.append(f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']} kept from the environment "
+                     f"(cores per rank: {threads})")
+        names.append("OMP_NUM_THREADS")
+    else:
+        values["OMP_NUM_THREADS"] = str(threads)
+    names += sorted(k for k in env if k.startswith("PSRT_"))
+    for item in req.exports:
+        name, eq, value = item.partition("=")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise PsrtError(f"--export {item!r}: not a variable name (expected NAME or NAME=VALUE)")
+        if eq:
+            values[name] = value
+        elif name not in env:
+            raise PsrtError(f"--export {name}: not set in this environment")
+        elif name not in names:
+            names.append(name)
+    return values, [n for n in names if n not in values], notes
+
+
+def _check_hosts_resolve(req: Request, dry_run: bool) -> list[str]:
+    """Unknown host names fail here, in one line, not minutes later inside ssh."""
+    notes = []
+    for h in req.hosts:
+        if req.emulated or is_local(h.name):
+            continue
+        try:
+            socket.getaddrinfo(h.name, None)
+        except OSError:
+            msg = f"unknown host {h.name!r} ({h.where or '--hosts'}): it does not resolve here"
+            if not dry_run:
+                raise PsrtError(msg + "; fix the name or add it to /etc/hosts") from None
+            notes.append("a real run would stop: " + msg)
+    return notes
+
+
+_OMPI_BIND = {"none": "none", "core": "core", "socket": "socket", "numa": "numa"}
+_SRUN_BIND = {"none": "none", "core": "cores", "socket": "sockets", "numa": "ldoms"}
+
+
+def plan_mpirun(req: Request, flavour: str, mpirun: str, env, cores: int,
+                emulation: list[str] = (), dry_run: bool = False) -> Plan:
+    """argv for Open MPI's mpirun (4.x, 5.x) or MPICH's mpiexec (Hydra).
+
+    Args:
+        emulation: extra flags from `psrt.cluster.mpi_flags` (launch agent, TCP path).
+    """
+    placement = place(req, cores)
+    notes = list(placement.notes) + _check_hosts_resolve(req, dry_run)
+    values, names, env_notes = _exports(req, env, placement.threads)
+    notes += env_notes
+    np_ = sum(n for _, n in placement.ranks)
+    local_only = all(is_local(h.name) for h in req.hosts) and not req.emulated
+    # Physical oversubscription (more ranks than cores here) makes busy-polling ranks
+    # starve each other, and on an emulated cluster the kernel's network work as well.
+    crowded = placement.oversubscribed or req.emulated or (local_only and np_ > cores)
+    bind = req.bind
+    if bind == "auto":
+        bind = "none" if crowded else ""
+    if bind and bind not in _OMPI_BIND:
+        raise PsrtError(f"--bind {bind!r}: choose one of auto, none, core, socket, numa")
+    syntax = "mpich" if flavour == "mpich" else "openmpi"
+    host_args = []
+    if not (local_only and all(h.slots is None for h in req.hosts)):
+        # A hostfile already in this MPI's syntax with every slot count is passed as it is;
+        # anything else is converted to an explicit host list (see hostfiles/README.md).
+        native = req.hostfile and hostfile_syntax(req.hosts) == syntax and \
+            all(h.slots is not None for h in req.hosts)
+        if native:
+            host_args = ["-f" if syntax == "mpich" else "--hostfile", req.hostfile]
+        else:
+            spec = ",".join(f"{h.name}:{slots_of(h, cores)}" for h in req.hosts)
+            host_args = ["-hosts" if syntax == "mpich" else "--host", spec]
+    if flavour == "mpich":
+        argv = [mpirun, "-n", str(np_)] + host_args + list(emulation)
+        if bind:
+            argv += ["-bind-to", bind]
+        for k, v in values.items():
+            argv += ["-genv", k, v]
+        if names:
+            argv += ["-genvlist", ",".join(names)]
+    else:
+        argv = [mpirun]
+        if os.geteuid() == 0:
+            argv.append("--allow-run-as-root")
+        argv += ["-np", str(np_)] + host_args
+        if placement.oversubscribed:
+            argv += ["--map-by", ":OVERSUBSCRIBE"] if flavour == "openmpi5" else ["--oversubscribe"]
+        if bind:
+            argv += ["--bind-to", bind]
+        if crowded and "mpi_yield_when_idle" not in emulation:
+            argv += ["--mca", "mpi_yield_when_idle", "1"]
+        argv += list(emulation)
+        for k, v in values.items():
+            argv += ["-x", f"{k}={v}"]
+        for k in names:
+            argv += ["-x", k]
+    argv += list(req.extra) + list(req.command)
+    return Plan(tuple(argv), values, tuple(notes), placement.ranks)
+
+
+def _slurm_cores_per_rank(env, np_: int) -> int:
+    if env.get("SLURM_CPUS_PER_TASK", "").isdigit():
+        return int(env["SLURM_CPUS_PER_TASK"])
+    cpus = env.get("SLURM_CPUS_ON_NODE", "")
+    nodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "1"
+    if cpus.isdigit() and nodes.isdigit():
+        per_node = -(-np_ // int(nodes))
+        return max(1, int(cpus) // per_node)
+    return 1
+
+
+def plan_srun(req: Request, srun: str, env) -> Plan:
+    """argv for srun inside a Slurm allocation: the allocation decides placement."""
+    if req.np is not None and req.np < 1:
+        raise PsrtError(f"-np {req.np}: a job needs at least one rank")
+    tasks = env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS")
+    np_ = req.np or (int(tasks) if tasks and tasks.isdigit() else 1)
+    notes = []
+    if tasks and tasks.isdigit() and np_ > int(tasks) and not req.oversubscribe:
+        raise PsrtError(f"-np {np_} but the Slurm allocation has {tasks} tasks "
+                        "(SLURM_NTASKS): lower -np, allocate more, or pass --oversubscribe")
+    threads = req.threads or _slurm_cores_per_rank(env, np_)
+    values, names, env_notes = _exports(req, env, threads)
+    notes += env_notes
+    argv = [srun, f"--ntasks={np_}"]
+    if req.oversubscribe:
+        argv.append("--overcommit")
+    if req.bind != "auto":
+        if req.bind not in _SRUN_BIND:
+            raise PsrtError(f"--bind {req.bind!r}: choose one of auto, none, core, socket, numa")
+        argv.append(f"--cpu-bind={_SRUN_BIND[req.bind]}")
+    if any("," in v for v in values.values()):
+        raise PsrtError("a value exported through srun --export may not contain a comma")
+    # srun exports the whole environment with ALL; the listed values are set on top.
+    argv.append("--export=" + ",".join(["ALL"] + [f"{k}={v}" for k, v in values.items()]))
+    argv += list(req.extra) + list(req.command)
+    return Plan(tuple(argv), values, tuple(notes))
+
+
+# --- the machine's MPI ------------------------------------------------------------------------
 
 def mpi_flavour(mpirun: str = "mpirun") -> str:
     """'openmpi4', 'openmpi5', 'mpich' or 'unknown', from `mpirun --version`."""
@@ -26,6 +393,39 @@ def mpi_flavour(mpirun: str = "mpirun") -> str:
     return "unknown"
 
 
+def find_mpirun(explicit: str | None = None) -> str:
+    """The mpirun to use: --mpirun, else mpirun, else mpiexec on PATH."""
+    for name in ([explicit] if explicit else ["mpirun", "mpiexec"]):
+        path = shutil.which(name)
+        if path:
+            return path
+    if explicit:
+        raise PsrtError(f"--mpirun {explicit}: not found or not executable")
+    raise PsrtError("no MPI found: neither mpirun nor mpiexec is on PATH (install Open MPI, "
+                    "e.g. apt install openmpi-bin, or MPICH; inside Slurm, srun is used)")
+
+
+def run_job(argv, env) -> int:
+    """Run a launcher in the foreground and return its exit code (128 + N for signal N).
+
+    On Ctrl-C or SIGTERM the launcher is given the signal and a few seconds to stop its
+    ranks (remote ones included) before it is killed: killing mpirun outright would leave
+    them behind.
+    """
+    proc = subprocess.Popen(argv, env=env)
+    try:
+        code = proc.wait()
+    except BaseException as err:
+        proc.send_signal(signal.SIGINT if isinstance(err, KeyboardInterrupt) else signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
+    return 128 - code if code < 0 else code
+
+
 def local_mpirun_prefix(np_: int, mpirun: str = "mpirun") -> list[str]:
     """mpirun argv for N ranks on this host, oversubscribing when N exceeds the cores.
 
@@ -41,3 +441,112 @@ def local_mpirun_prefix(np_: int, mpirun: str = "mpirun") -> list[str]:
             argv.append("--oversubscribe")
         argv += ["--mca", "mpi_yield_when_idle", "1", "--bind-to", "none"]
     return argv
+
+
+# --- mpi_launch ---------------------------------------------------------------------------------
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mpi_launch",
+        description="Start a command on N MPI ranks with mpirun (Open MPI, MPICH) or srun.",
+        epilog="example: mpi_launch -np 4 python -m psrt.info --allreduce 16MiB")
+    p.add_argument("-n", "-np", "--np", dest="np", type=int, metavar="N",
+                   help="number of ranks (default: one per slot)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--hostfile", metavar="FILE",
+                       help="hosts and slots, Open MPI or MPICH syntax (default: "
+                            "hostfiles/localhost, this machine)")
+    where.add_argument("--hosts", metavar="LIST", help="host[:N],host[:N],... instead of a file")
+    p.add_argument("--bind", default="auto", choices=("auto", "none", "core", "socket", "numa"),
+                   help="bind ranks to cores etc. (auto: the MPI's default, none when crowded)")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="allow more ranks than slots")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="OMP_NUM_THREADS per rank (default: cores per rank)")
+    p.add_argument("-x", "--export", action="append", default=[], metavar="NAME[=VALUE]",
+                   help="also export this variable (PYTHONPATH, OMP_NUM_THREADS, PSRT_* always are)")
+    p.add_argument("--launcher", default="auto", choices=("auto", "mpirun", "srun"),
+                   help="auto: srun inside a Slurm allocation (no hostfile given), else mpirun")
+    p.add_argument("--mpirun", metavar="PATH", help="the mpirun or mpiexec to use")
+    p.add_argument("--flavour", choices=FLAVOURS,
+                   help="build the command for this MPI instead of asking mpirun --version")
+    p.add_argument("--extra-args", default="", metavar="ARGS",
+                   help="more launcher arguments, one shell-quoted string")
+    p.add_argument("--emulate", action="store_true",
+                   help="run on an emulated cluster of the hostfile's hosts (network namespaces "
+                        "of this machine, needs root; see python -m psrt.cluster)")
+    p.add_argument("--rate", help="emulated links: bandwidth, tc syntax (e.g. 1gbit)")
+    p.add_argument("--delay", help="emulated links: one-way delay, tc syntax (e.g. 1ms)")
+    p.add_argument("--subnet", help="emulated hosts' subnet inside 198.18.0.0/15 "
+                                    "(default 198.18.0.0/24)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the exact command and run nothing")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="program and its arguments")
+    return p
+
+
+def _request(args, cores: int) -> Request:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise PsrtError("no command given (e.g. mpi_launch -np 2 python -m psrt.info)")
+    if args.hosts:
+        hosts, hostfile = parse_hosts(args.hosts), None
+    else:
+        hostfile = args.hostfile or str(DEFAULT_HOSTFILE)
+        hosts = parse_hostfile(hostfile)
+    if args.threads is not None and args.threads < 1:
+        raise PsrtError(f"--threads {args.threads}: needs at least one thread")
+    return Request(command=tuple(command), hosts=hosts, hostfile=hostfile, np=args.np,
+                   bind=args.bind, oversubscribe=args.oversubscribe, threads=args.threads,
+                   exports=tuple(args.export), extra=tuple(shlex.split(args.extra_args)),
+                   emulated=args.emulate)
+
+
+def _say(notes) -> None:
+    for note in notes:
+        print(f"mpi_launch: {note}", file=sys.stderr, flush=True)
+
+
+@cli_main("mpi_launch")
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    env = os.environ
+    cores = os.cpu_count() or 1
+    req = _request(args, cores)
+    in_slurm = "SLURM_JOB_ID" in env or "SLURM_JOBID" in env
+    explicit_hosts = bool(args.hostfile or args.hosts)
+    use_srun = args.launcher == "srun" or (
+        args.launcher == "auto" and in_slurm and not explicit_hosts and not args.emulate
+        and shutil.which("srun"))
+    if use_srun:
+        if explicit_hosts or args.emulate:
+            raise PsrtError("srun places ranks on the Slurm allocation's nodes: drop "
+                            "--hostfile/--hosts/--emulate, or use --launcher mpirun")
+        srun = shutil.which("srun")
+        if srun is None and not args.dry_run:
+            raise PsrtError("--launcher srun: no srun on PATH (not on a Slurm cluster?)")
+        plan = plan_srun(req, srun or "srun", env)
+        _say(plan.notes)
+        if args.dry_run:
+            print(plan.shell())
+            return 0
+        return run_job(plan.argv, {**env, **plan.env})
+    if args.flavour and args.dry_run:
+        mpirun = args.mpirun or ("mpiexec" if args.flavour == "mpich" else "mpirun")
+        flavour = args.flavour
+    else:
+        mpirun = find_mpirun(args.mpirun)
+        flavour = args.flavour or mpi_flavour(mpirun)
+    if args.emulate:
+        from psrt import cluster
+        return cluster.launch(req, flavour, mpirun, env, cores, args, dry_run=args.dry_run)
+    if args.rate or args.delay or args.subnet:
+        raise PsrtError("--rate, --delay and --subnet shape the emulated cluster: add --emulate")
+    plan = plan_mpirun(req, flavour, mpirun, env, cores, dry_run=args.dry_run)
+    _say(plan.notes)
+    if args.dry_run:
+        print(plan.shell())
+        return 0
+    return run_job(plan.argv, {**env, **plan.env})

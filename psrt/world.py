@@ -55,15 +55,25 @@ class World:
 
 
 def detect_launcher(env=os.environ) -> str:
-    """Name the launcher from the variables it exports (first match wins)."""
+    """Name the launcher from the variables it exports (first match wins).
+
+    MPI's own variables come before Slurm's: mpirun inside an allocation starts its
+    daemons with srun, so its ranks inherit SLURM_PROCID as well.  Hydra (MPICH, Intel MPI)
+    is known by MPI_LOCALRANKID; PMI_RANK or PMIX_RANK alone under Slurm is srun --mpi=pmi2
+    or --mpi=pmix.
+    """
     if "HOROVOD_RANK" in env or "HOROVOD_HOSTNAME" in env:
         return "horovodrun"
     if "OMPI_COMM_WORLD_RANK" in env:
         return "openmpi"
-    if "PMI_RANK" in env or "PMIX_RANK" in env or "MPI_LOCALRANKID" in env:
-        return "mpich" if "PMI_RANK" in env or "MPI_LOCALRANKID" in env else "pmix"
+    if "MPI_LOCALRANKID" in env:
+        return "mpich"
     if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env:
         return "srun"
+    if "PMI_RANK" in env:
+        return "mpich"
+    if "PMIX_RANK" in env:
+        return "pmix"
     if "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "WORLD_SIZE" in env):
         return "torchrun"
     return "single"
@@ -71,13 +81,30 @@ def detect_launcher(env=os.environ) -> str:
 
 def _env_world_size(env=os.environ) -> int | None:
     """World size the launcher announced, if any (used to catch a mismatched MPI)."""
-    for key in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS", "WORLD_SIZE"):
+    for key in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS", "HOROVOD_SIZE",
+                "WORLD_SIZE"):
         if key in env:
             try:
                 return int(env[key])
             except ValueError:
                 return None
     return None
+
+
+def _mismatch(launcher: str, announced: int, seen: int, env=os.environ) -> str:
+    """Why the launcher's rank count and MPI's differ, and what to run instead."""
+    gloo = env.get("HOROVOD_CONTROLLER") == "gloo" or "HOROVOD_GLOO_RENDEZVOUS_ADDR" in env
+    if seen == 1 and (launcher == "torchrun" or gloo):
+        # torchrun and horovodrun --gloo start plain processes: each is an MPI world of one.
+        name = "horovodrun --gloo" if gloo else "torchrun"
+        return (f"{name} started {announced} processes without MPI, so each is an MPI world "
+                f"of 1: psrt joins ranks through MPI; start them with "
+                f"`mpi_launch -np {announced} ...` or mpirun"
+                + (" (or horovodrun --mpi)" if gloo else ""))
+    # A launcher from one MPI and an mpi4py built against another start N singletons.
+    return (f"the launcher ({launcher}) announced {announced} ranks but MPI sees {seen}: "
+            "mpirun and mpi4py come from different MPI libraries (check `which mpirun` and "
+            "`python -c 'import mpi4py; print(mpi4py.get_config())'`)")
 
 
 def init(comm=None, export_env: bool = True) -> World:
@@ -93,12 +120,8 @@ def init(comm=None, export_env: bool = True) -> World:
     parent = MPI.COMM_WORLD if comm is None else comm
     launcher = detect_launcher()
     announced = _env_world_size()
-    if comm is None and launcher not in ("single", "torchrun") and announced and announced != parent.size:
-        # A launcher from one MPI and an mpi4py built against another start N singletons.
-        raise PsrtError(
-            f"the launcher ({launcher}) announced {announced} ranks but MPI sees {parent.size}: "
-            "mpirun and mpi4py come from different MPI libraries (check `which mpirun` and "
-            "`python -c 'import mpi4py; print(mpi4py.get_config())'`)")
+    if comm is None and launcher != "single" and announced and announced != parent.size:
+        raise PsrtError(_mismatch(launcher, announced, parent.size), everywhere=True)
     dup = parent.Dup()
     hostname = MPI.Get_processor_name() or socket.gethostname()
     # Shared-memory domain first, then split by host name as well: a namespace-emulated

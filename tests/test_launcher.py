@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from psrt import hostfile as H
 from psrt import launcher as L
 from psrt.errors import PsrtError
 
@@ -24,7 +25,7 @@ NOWHERE = "psrt-no-such-host.invalid"  # .invalid never resolves (RFC 6761)
 
 def req(hosts, np_=None, **kw):
     if isinstance(hosts, str):
-        hosts = L.parse_hosts(hosts)
+        hosts = H.parse_hosts(hosts)
     return L.Request(command=CMD, hosts=hosts, np=np_, **kw)
 
 
@@ -45,13 +46,13 @@ def hostfile(tmp_path, text, name="hosts"):
     ("node-1.example.org", "node-1.example.org", None, "plain"),
 ])
 def test_host_line(line, name, slots, syntax):
-    h = L.parse_host_line(line, "f line 1")
+    h = H.parse_host_line(line, "f line 1")
     assert (h.name, h.slots, h.syntax) == (name, slots, syntax)
 
 
 @pytest.mark.parametrize("line", ["", "   ", "# only a comment"])
 def test_blank_and_comment_lines_are_skipped(line):
-    assert L.parse_host_line(line, "f line 1") is None
+    assert H.parse_host_line(line, "f line 1") is None
 
 
 @pytest.mark.parametrize("line,says", [
@@ -64,48 +65,48 @@ def test_blank_and_comment_lines_are_skipped(line):
 ])
 def test_bad_host_line_names_file_and_line(line, says):
     with pytest.raises(PsrtError) as err:
-        L.parse_host_line(line, "hf line 7")
+        H.parse_host_line(line, "hf line 7")
     assert str(err.value).startswith("hf line 7: ") and says in str(err.value)
 
 
 def test_repository_hostfiles():
-    assert L.parse_hostfile(ROOT / "hostfiles" / "localhost") == (
-        L.Host("localhost", None, f"{ROOT / 'hostfiles' / 'localhost'} line 3", "plain"),)
-    two = L.parse_hostfile(ROOT / "hostfiles" / "two_nodes")
+    assert H.parse_hostfile(ROOT / "hostfiles" / "localhost") == (
+        H.Host("localhost", None, f"{ROOT / 'hostfiles' / 'localhost'} line 3", "plain"),)
+    two = H.parse_hostfile(ROOT / "hostfiles" / "two_nodes")
     assert [(h.name, h.slots, h.syntax) for h in two] == [("node0", 4, "openmpi"),
                                                           ("node1", 4, "openmpi")]
 
 
 def test_repeated_host_adds_slots(tmp_path):
-    hosts = L.parse_hostfile(hostfile(tmp_path, "a slots=2\nb slots=1\na slots=3\n"))
+    hosts = H.parse_hostfile(hostfile(tmp_path, "a slots=2\nb slots=1\na slots=3\n"))
     assert [(h.name, h.slots) for h in hosts] == [("a", 5), ("b", 1)]
 
 
 def test_mixed_syntax_is_refused(tmp_path):
     path = hostfile(tmp_path, "a slots=2\nb:2\n")
     with pytest.raises(PsrtError, match="mixes Open MPI .* and MPICH"):
-        L.parse_hostfile(path)
+        H.parse_hostfile(path)
 
 
 def test_missing_or_empty_hostfile(tmp_path):
     with pytest.raises(PsrtError, match=r"hostfile .*nope: No such file"):
-        L.parse_hostfile(tmp_path / "nope")
+        H.parse_hostfile(tmp_path / "nope")
     with pytest.raises(PsrtError, match="names no hosts"):
-        L.parse_hostfile(hostfile(tmp_path, "# nothing\n"))
+        H.parse_hostfile(hostfile(tmp_path, "# nothing\n"))
 
 
 def test_conversion_between_syntaxes(tmp_path):
-    ompi = L.parse_hostfile(hostfile(tmp_path, "node0 slots=4\nnode1 slots=2\nnode2\n"))
-    as_mpich = L.format_hosts(ompi, "mpich", cores=8)
+    ompi = H.parse_hostfile(hostfile(tmp_path, "node0 slots=4\nnode1 slots=2\nnode2\n"))
+    as_mpich = H.format_hosts(ompi, "mpich", cores=8)
     assert as_mpich == "node0:4\nnode1:2\nnode2:1\n"
-    back = L.parse_hostfile(hostfile(tmp_path, as_mpich, "m"))
-    assert L.format_hosts(back, "openmpi", cores=8) == "node0 slots=4\nnode1 slots=2\nnode2 slots=1\n"
+    back = H.parse_hostfile(hostfile(tmp_path, as_mpich, "m"))
+    assert H.format_hosts(back, "openmpi", cores=8) == "node0 slots=4\nnode1 slots=2\nnode2 slots=1\n"
 
 
 def test_hosts_option():
-    assert [(h.name, h.slots) for h in L.parse_hosts("a:2,b:3,c")] == [("a", 2), ("b", 3), ("c", None)]
+    assert [(h.name, h.slots) for h in H.parse_hosts("a:2,b:3,c")] == [("a", 2), ("b", 3), ("c", None)]
     with pytest.raises(PsrtError, match="empty entry"):
-        L.parse_hosts("a:2,,b")
+        H.parse_hosts("a:2,,b")
 
 
 # --- placement --------------------------------------------------------------------------------
@@ -179,7 +180,7 @@ def root_flag():
 
 
 def test_openmpi_two_nodes_hostfile_passed_as_is():
-    hosts = L.parse_hostfile(ROOT / "hostfiles" / "two_nodes")
+    hosts = H.parse_hostfile(ROOT / "hostfiles" / "two_nodes")
     r = L.Request(command=CMD, hosts=hosts, hostfile="hostfiles/two_nodes", np=8)
     p = L.plan_mpirun(r, "openmpi4", "mpirun", {"PSRT_TRACE": "1", "PYTHONPATH": "/x"}, 2,
                       dry_run=True)
@@ -192,7 +193,7 @@ def test_openmpi_two_nodes_hostfile_passed_as_is():
 
 
 def test_mpich_gets_a_converted_host_list_and_genv():
-    hosts = L.parse_hostfile(ROOT / "hostfiles" / "two_nodes")
+    hosts = H.parse_hostfile(ROOT / "hostfiles" / "two_nodes")
     r = L.Request(command=CMD, hosts=hosts, hostfile="hostfiles/two_nodes", np=8)
     p = L.plan_mpirun(r, "mpich", "mpiexec", {"PSRT_X": "1"}, 2, dry_run=True)
     assert list(p.argv) == ["mpiexec", "-n", "8", "-hosts", "node0:4,node1:4",
@@ -202,7 +203,7 @@ def test_mpich_gets_a_converted_host_list_and_genv():
 
 def test_mpich_hostfile_passed_to_mpich_and_converted_for_openmpi(tmp_path):
     path = hostfile(tmp_path, "localhost:2\n")
-    hosts = L.parse_hostfile(path)
+    hosts = H.parse_hostfile(path)
     r = L.Request(command=CMD, hosts=hosts, hostfile=str(path), np=2)
     assert L.plan_mpirun(r, "mpich", "mpiexec", {}, 2).argv[3:5] == ("-f", str(path))
     assert L.plan_mpirun(r, "openmpi4", "mpirun", {}, 2).argv[len(root_flag()) + 3:][:2] == \

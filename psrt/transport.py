@@ -89,6 +89,17 @@ def reduce_(acc: torch.Tensor, other: torch.Tensor, op: str) -> torch.Tensor:
     return acc.mul_(other)
 
 
+def reduce_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, op: str) -> torch.Tensor:
+    """out <- a (op) b: the out-of-place form of `reduce_` (out may alias a)."""
+    if op in ("sum", "avg"):
+        return torch.logical_or(a, b, out=out) if out.dtype == torch.bool else torch.add(a, b, out=out)
+    if op == "max":
+        return torch.maximum(a, b, out=out)
+    if op == "min":
+        return torch.minimum(a, b, out=out)
+    return torch.logical_and(a, b, out=out) if out.dtype == torch.bool else torch.mul(a, b, out=out)
+
+
 @functools.lru_cache(maxsize=None)
 def mpi_op(op: str, dtype: torch.dtype):
     """(MPI op, MPI datatype) for the MPI library's own reductions.

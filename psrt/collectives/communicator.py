@@ -24,7 +24,7 @@ from psrt.transport import Staging, check_dtype, check_op
 
 # collective -> algorithm -> implementation (comm, buf, ...) in place on a flat buffer.
 _ALLREDUCE = {
-    "ring": lambda c, b, op: ring.allreduce(c, b, op, even_counts(b.numel(), c.size)),
+    "ring": lambda c, b, op, src=None: ring.allreduce(c, b, op, even_counts(b.numel(), c.size), src=src),
     "doubling": recursive.allreduce_doubling,
     "halving-doubling": recursive.allreduce_halving_doubling,
     "tree": tree.allreduce,
@@ -41,6 +41,8 @@ _BROADCAST = {"tree": tree.broadcast, "ps": ps.broadcast, "native": native.broad
 _REDUCE = {"tree": tree.reduce, "ps": ps.reduce, "native": native.reduce,
            "torch": torch_backend.reduce}
 
+# allreduce algorithms that can read their input from a separate source tensor
+_READS_SOURCE = frozenset({"ring"})
 # dtypes the MPI library reduces itself (no user-defined op), eligible for the lean path
 _MPI_TYPED = frozenset({torch.float32, torch.float64, torch.int32, torch.int64, torch.uint8, torch.int8})
 
@@ -234,8 +236,13 @@ class Communicator:
 
         def run():
             result = out if out is not None else torch.empty_like(t, memory_format=torch.contiguous_format)
-            flat = self._work(t, algo, direct=result)
-            fn(self._backend_comm(algo), flat, op)
+            if (algo in _READS_SOURCE and t.is_contiguous() and result.is_contiguous()
+                    and self._on_device_ok(t, algo) and t.data_ptr() != result.data_ptr()):
+                flat = result.view(-1)   # out of place without a staging copy of the input
+                fn(self.comm, flat, op, src=t.reshape(-1))
+            else:
+                flat = self._work(t, algo, direct=result)
+                fn(self._backend_comm(algo), flat, op)
             if op == "avg":
                 flat.div_(self.size)
             return Staging.from_mpi(flat, result)

@@ -12,14 +12,19 @@ works on a cache-sized piece instead of streaming the whole chunk through memory
 """
 from __future__ import annotations
 
+import os
+
 import torch
 from mpi4py import MPI
 
 from psrt.collectives.layout import offsets
 from psrt.collectives.p2p import TAG_RING, scratch
-from psrt.transport import msg, reduce_
+from psrt.transport import msg, reduce_into
 
-SEGMENT_BYTES = 1 << 18  # 256 KiB: fits in L2 next to its destination; measured best here
+# Segment size.  Over shared memory and TCP, Open MPI progresses transfers only inside MPI
+# calls, so small segments buy little overlap and cost per-message overhead: 4 MiB measured
+# best here (64 KiB to 1 GiB swept at N=2).  PSRT_RING_SEGMENT (bytes) overrides.
+SEGMENT_BYTES = int(os.environ.get("PSRT_RING_SEGMENT", 1 << 22))
 
 
 def _segments(start: int, stop: int, seg: int):
@@ -27,10 +32,18 @@ def _segments(start: int, stop: int, seg: int):
 
 
 def reduce_scatter(comm, buf: torch.Tensor, counts: list[int], op: str,
-                   segment_bytes: int = SEGMENT_BYTES) -> None:
-    """In place: on return buf[off[r]:off[r+1]] holds the reduction of every rank's chunk r."""
+                   segment_bytes: int = SEGMENT_BYTES, src: torch.Tensor | None = None) -> None:
+    """On return buf[off[r]:off[r+1]] holds the reduction of every rank's chunk r.
+
+    In place by default.  With `src`, this rank's values are read from src and buf needs no
+    initial copy: every chunk is reduced exactly once on each rank, so the reduction can
+    write buf = src (op) incoming, and the one chunk a rank only sends is sent from src.
+    """
     n, r = comm.size, comm.rank
+    mine = buf if src is None else src
     if n == 1:
+        if src is not None:
+            buf.copy_(src)
         return
     off = offsets(counts)
     right, left = (r + 1) % n, (r - 1) % n
@@ -38,7 +51,9 @@ def reduce_scatter(comm, buf: torch.Tensor, counts: list[int], op: str,
     tmp = scratch(buf, min(max(counts), seg * 64) if max(counts) else 0)
     for step in range(n - 1):
         send_c, recv_c = (r - step - 1) % n, (r - step - 2) % n
-        sends = [comm.Isend(msg(buf[a:b]), right, TAG_RING)
+        # Step 0 sends this rank's own values; later steps forward what the last step reduced.
+        first = mine if step == 0 else buf
+        sends = [comm.Isend(msg(first[a:b]), right, TAG_RING)
                  for a, b in _segments(off[send_c], off[send_c + 1], seg)]
         # Receive the incoming chunk in windows of at most 64 segments of scratch space.
         lo, hi = off[recv_c], off[recv_c + 1]
@@ -48,7 +63,7 @@ def reduce_scatter(comm, buf: torch.Tensor, counts: list[int], op: str,
             reqs = [comm.Irecv(msg(tmp[a - w0:b - w0]), left, TAG_RING) for a, b in parts]
             for (a, b), req in zip(parts, reqs):
                 req.Wait()
-                reduce_(buf[a:b], tmp[a - w0:b - w0], op)
+                reduce_into(buf[a:b], mine[a:b], tmp[a - w0:b - w0], op)
         MPI.Request.Waitall(sends)
 
 
@@ -66,6 +81,7 @@ def allgather(comm, buf: torch.Tensor, counts: list[int], segment_bytes: int = S
                       msg(buf[off[recv_c]:off[recv_c + 1]]), left, TAG_RING)
 
 
-def allreduce(comm, buf: torch.Tensor, op: str, counts: list[int]) -> None:
-    reduce_scatter(comm, buf, counts, op)
+def allreduce(comm, buf: torch.Tensor, op: str, counts: list[int], src: torch.Tensor | None = None) -> None:
+    """buf <- the reduction over ranks of buf (or of src, which is then left untouched)."""
+    reduce_scatter(comm, buf, counts, op, src=src)
     allgather(comm, buf, counts)

@@ -1,0 +1,140 @@
+"""The DP x PP x TP process grid: one object, built once, passed explicitly.
+
+Layout.  The world is a 3-d Cartesian grid with dims (pp, dp, tp) in row-major order, so
+    rank = pp_rank * (dp * tp) + dp_rank * tp + tp_rank:
+TP ranks are adjacent (fastest-varying), then DP, then PP, the order Megatron-LM uses
+(Narayanan et al., SC 2021, sec. 3.3 "tensor model parallelism within a server, pipeline
+across servers").  The reason is traffic: TP all-reduces activations twice per layer in
+forward and backward, on the critical path, so its ranks sit on the same host (consecutive
+ranks fill a host first under mpirun's default mapping); DP all-reduces gradients once per
+step and can overlap with backward; PP sends one activation per micro-batch to one
+neighbour, the least traffic, so it spans hosts.
+
+Built with MPI_Cart_create / MPI_Cart_sub (MPI 4.1 sec. 8.5), reorder=False so ranks keep
+their numbers and the formula above holds on any MPI.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from psrt.errors import PsrtError
+
+AXES = ("pp", "dp", "tp")   # slowest to fastest varying
+
+
+def coords_of(rank: int, dp: int, pp: int, tp: int) -> tuple[int, int, int]:
+    """(dp_rank, pp_rank, tp_rank) of a world rank (pure; matches Cart_coords)."""
+    return (rank // tp) % dp, rank // (dp * tp), rank % tp
+
+
+def rank_of(dp_rank: int, pp_rank: int, tp_rank: int, dp: int, pp: int, tp: int) -> int:
+    """World rank at these coordinates (pure; inverse of `coords_of`)."""
+    return (pp_rank * dp + dp_rank) * tp + tp_rank
+
+
+def check_degrees(dp: int, pp: int, tp: int, world_size: int) -> None:
+    """PsrtError (one line, every degree named) unless dp * pp * tp == world_size."""
+    degrees = {"dp": dp, "pp": pp, "tp": tp}
+    bad = [k for k, v in degrees.items() if not isinstance(v, int) or v < 1]
+    if bad or dp * pp * tp != world_size:
+        why = f"{', '.join(bad)} must be a positive whole number" if bad else \
+            f"dp x pp x tp = {dp * pp * tp}"
+        raise PsrtError(f"process grid dp={dp} x pp={pp} x tp={tp} does not fit {world_size} "
+                        f"ranks ({why}; it must equal the number of ranks)", everywhere=True)
+
+
+@dataclass
+class Grid:
+    """This rank's place in the grid and a communicator per axis.
+
+    Args:
+        dp, pp, tp: degrees of data, pipeline and tensor parallelism; dp*pp*tp == world size.
+        comm: a psrt.World, psrt.Communicator or mpi4py communicator (psrt's own Dup;
+            never COMM_WORLD itself, so grid traffic cannot meet the user's).
+        algorithm: default algorithm of the psrt Communicators over each axis.
+
+    Attributes (set on construction):
+        rank, size: in `comm`.  dp_rank, pp_rank, tp_rank: coordinates.
+        cart_comm: the Cartesian communicator over all ranks (dims pp, dp, tp).
+        dp_comm, pp_comm, tp_comm: mpi4py communicators along each axis (rank in them ==
+            the coordinate).  dp_group, pp_group, tp_group: psrt Communicators over them.
+        pp_prev, pp_next: pp_comm ranks of the previous and next pipeline rank, or
+            MPI.PROC_NULL at the ends (a send to PROC_NULL is a no-op, MPI 4.1 sec. 3.11).
+    """
+
+    dp: int
+    pp: int
+    tp: int
+    comm: object = field(repr=False)
+    algorithm: str = "auto"
+    rank: int = field(init=False)
+    size: int = field(init=False)
+    dp_rank: int = field(init=False)
+    pp_rank: int = field(init=False)
+    tp_rank: int = field(init=False)
+    cart_comm: object = field(init=False, repr=False)
+    dp_comm: object = field(init=False, repr=False)
+    pp_comm: object = field(init=False, repr=False)
+    tp_comm: object = field(init=False, repr=False)
+    dp_group: object = field(init=False, repr=False)
+    pp_group: object = field(init=False, repr=False)
+    tp_group: object = field(init=False, repr=False)
+    pp_prev: int = field(init=False, repr=False)
+    pp_next: int = field(init=False, repr=False)
+
+    def __post_init__(self):
+        from mpi4py import MPI
+
+        from psrt.collectives import Communicator
+
+        parent = getattr(self.comm, "comm", self.comm)
+        check_degrees(self.dp, self.pp, self.tp, parent.Get_size())
+        self.cart_comm = parent.Create_cart([self.pp, self.dp, self.tp],
+                                            periods=[False, False, False], reorder=False)
+        self.rank, self.size = self.cart_comm.Get_rank(), self.cart_comm.Get_size()
+        self.pp_rank, self.dp_rank, self.tp_rank = self.cart_comm.Get_coords(self.rank)
+        self.pp_comm = self.cart_comm.Sub([True, False, False])
+        self.dp_comm = self.cart_comm.Sub([False, True, False])
+        self.tp_comm = self.cart_comm.Sub([False, False, True])
+        # Shift along the pipeline axis of the 1-d pp communicator: PROC_NULL at the ends.
+        self.pp_prev = self.pp_rank - 1 if self.pp_rank > 0 else MPI.PROC_NULL
+        self.pp_next = self.pp_rank + 1 if self.pp_rank < self.pp - 1 else MPI.PROC_NULL
+        self.dp_group = Communicator(self.dp_comm, algorithm=self.algorithm)
+        self.pp_group = Communicator(self.pp_comm, algorithm=self.algorithm)
+        self.tp_group = Communicator(self.tp_comm, algorithm=self.algorithm)
+
+    @classmethod
+    def build(cls, comm, pp: int = 1, tp: int = 1, dp: int | None = None,
+              algorithm: str = "auto") -> "Grid":
+        """A grid over `comm` with dp inferred (world size / (pp * tp)) when not given."""
+        size = getattr(comm, "comm", comm).Get_size()
+        if dp is None:
+            if pp < 1 or tp < 1 or size % (pp * tp):
+                raise PsrtError(f"process grid pp={pp} x tp={tp} does not divide {size} ranks: "
+                                f"dp = {size} / {pp * tp} is not a whole number", everywhere=True)
+            dp = size // (pp * tp)
+        return cls(dp, pp, tp, comm, algorithm)
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp - 1
+
+    @property
+    def coords(self) -> tuple[int, int, int]:
+        """(dp_rank, pp_rank, tp_rank)."""
+        return self.dp_rank, self.pp_rank, self.tp_rank
+
+    def describe(self) -> str:
+        return (f"grid dp={self.dp} x pp={self.pp} x tp={self.tp}: rank {self.rank} at "
+                f"dp {self.dp_rank}, pp {self.pp_rank}, tp {self.tp_rank}")
+
+    def free(self) -> None:
+        """Stop the Communicators' threads and free the sub-communicators."""
+        for g in (self.dp_group, self.pp_group, self.tp_group):
+            g.close()
+        for c in (self.dp_comm, self.pp_comm, self.tp_comm, self.cart_comm):
+            c.Free()

@@ -1,0 +1,225 @@
+"""DP x PP x TP training of the transformer LM on a psrt.grid.Grid.
+
+Inside a pipeline stage the blocks are tensor-parallel over grid.tp_group (psrt.tp); the
+stages form a pipeline over grid.pp_comm running a psrt.pp schedule; every (pp, tp) shard
+is replicated over the dp axis, and its gradients are summed over grid.dp_group with a
+selectable algorithm (ring or ps, or any psrt algorithm) before the optimizer steps.
+
+Exactness: micro-batch i on data-parallel rank d is weighted by its share of the GLOBAL
+batch's target tokens, and the gradients are summed (not averaged) over dp, so a step
+computes the gradient of the global batch's mean loss exactly, for any batch size, dp
+degree or micro-batch count (tests/test_hybrid.py checks it against one process).
+
+    grid = Grid.build(world, pp=2, tp=2)                     # dp inferred
+    trainer = HybridTrainer(grid, HybridConfig(layers=4, microbatches=4))
+    for x, y in batches:                                     # global batches, same on every rank
+        stats = trainer.step(x, y)                           # stats.loss: global mean loss
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from psrt.dp.base import StepStats as DPStepStats
+from psrt.errors import PsrtError
+from psrt.grid import Grid
+from psrt.pp import PipelineRuntime, build_stages, make, split_batch
+from psrt.tp.comm import shard_range
+from psrt.tp.model import loss_fn, shard_dense, shard_specs
+
+
+@dataclass
+class HybridConfig:
+    """Model, schedule and optimizer of a hybrid run.
+
+    vocab, dim, layers, heads, seq_len: the psrt.models.TransformerLM (MLP width 4*dim).
+    schedule: 'gpipe', '1f1b' or 'interleaved'.  microbatches: per data-parallel rank and
+    step.  virtual_stages: stages per pipeline rank ('interleaved' only).
+    splits: explicit stage split points over [embed, block 0..L-1, head] (default:
+    balanced by parameter count).  dp_algorithm: psrt allreduce algorithm for the
+    gradients over the dp axis ('ring', 'ps', 'native', 'auto', ...).
+    optimizer: 'sgd' (with momentum) or 'adam'.  seed: initialisation of the dense model.
+    timeout_s: how long a pipeline receive waits before it raises.
+    """
+
+    vocab: int = 256
+    dim: int = 64
+    layers: int = 2
+    heads: int = 4
+    seq_len: int = 64
+    schedule: str = "1f1b"
+    microbatches: int = 4
+    virtual_stages: int = 1
+    splits: tuple | None = None
+    dp_algorithm: str = "ring"
+    optimizer: str = "sgd"
+    lr: float = 0.1
+    momentum: float = 0.9
+    seed: int = 0
+    timeout_s: float = 300.0
+
+    @classmethod
+    def for_model(cls, model: nn.Module, **options) -> "HybridConfig":
+        """The config of an existing psrt.models.TransformerLM (vocab, dim, layers, heads and
+        seq_len read from it), with `options` for the rest."""
+        try:
+            shape = dict(vocab=model.embed.tok.num_embeddings, dim=model.embed.tok.embedding_dim,
+                         layers=len(model.blocks), heads=model.blocks[0].heads,
+                         seq_len=model.embed.pos.num_embeddings)
+        except (AttributeError, IndexError, TypeError):
+            raise PsrtError("--pp/--tp need --model transformer (a psrt.models.TransformerLM)",
+                            everywhere=True) from None
+        return cls(**shape, **options)
+
+    def check(self, grid: Grid) -> None:
+        stages = grid.pp * self.virtual_stages
+        if stages > self.layers + 2:
+            raise PsrtError(f"pp={grid.pp} x virtual_stages={self.virtual_stages} = {stages} stages "
+                            f"but the model has only {self.layers + 2} blocks (embedding, "
+                            f"{self.layers} layers, head): add layers or lower --pp", everywhere=True)
+        if self.heads % grid.tp or self.dim % self.heads:
+            raise PsrtError(f"tp={grid.tp} needs heads ({self.heads}) divisible by tp and dim "
+                            f"({self.dim}) divisible by heads", everywhere=True)
+        if self.optimizer not in ("sgd", "adam"):
+            raise PsrtError(f"optimizer {self.optimizer!r}: choose sgd or adam", everywhere=True)
+
+
+def dense_model(cfg: HybridConfig) -> nn.Module:
+    """The single-process reference: psrt.models.TransformerLM initialised from cfg.seed."""
+    from psrt.models import TransformerLM
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        return TransformerLM(vocab=cfg.vocab, dim=cfg.dim, layers=cfg.layers, heads=cfg.heads,
+                             max_len=cfg.seq_len)
+
+
+class HybridTrainer:
+    """This rank's part of the model (its stages, TP-sharded), its pipeline and optimizer.
+
+    Args:
+        grid: the process grid.
+        cfg: model, schedule and optimizer settings.
+        dense: a dense psrt.models.TransformerLM to start from (default: `dense_model(cfg)`);
+            identical on every rank.  Only this rank's slice is kept.
+        device: where the stages and activations live.
+        make_optimizer: params -> optimizer (default: cfg.optimizer from torch.optim), as
+            in the DataParallel contract (psrt/dp/base.py).
+    """
+
+    def __init__(self, grid: Grid, cfg: HybridConfig, dense: nn.Module | None = None, device="cpu",
+                 make_optimizer=None):
+        cfg.check(grid)
+        self.grid, self.cfg = grid, cfg
+        model = shard_dense(dense if dense is not None else dense_model(cfg), grid.tp_group)
+        blocks = [model.embed, *model.blocks, model.head]
+        self.schedule = make(cfg.schedule, grid.pp, cfg.microbatches, cfg.virtual_stages)
+        stage_ids = self.schedule.stages_of(grid.pp_rank)
+        stages = build_stages(blocks, self.schedule.num_stages, stage_ids, cfg.splits)
+        self.names = {id(p): n for n, p in model.named_parameters()}
+        self.specs = shard_specs(model)
+        for st in stages.values():
+            st.to(device)
+        self.runtime = PipelineRuntime(stages, self.schedule, grid.pp_comm,
+                                       loss_fn(grid.tp_group, cfg.vocab), device, cfg.timeout_s)
+        self.params = list(self.runtime.parameters())
+        if make_optimizer is not None:
+            self.optimizer = make_optimizer(self.params)
+        elif cfg.optimizer == "sgd":
+            self.optimizer = torch.optim.SGD(self.params, lr=cfg.lr, momentum=cfg.momentum)
+        else:
+            self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr)
+        self.device = torch.device(device)
+
+    def named_parameters(self):
+        """(name in TPTransformerLM, parameter) for the parameters this rank holds."""
+        return [(self.names[id(p)], p) for p in self.params]
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> DPStepStats:
+        """One optimizer step on the global batch (x, y), identical on every rank.
+
+        Returns the training loop's StepStats (psrt.dp.base): loss is the global batch's
+        mean loss (the same on every rank); compute_s the forward/backward time, comm_s the
+        time blocked on pipeline receives plus the dp all-reduce; bytes_sent the pipeline
+        bytes this rank sent; extra holds the pipeline figures (step_s, bubble,
+        peak_activation_bytes, peak_live_microbatches) and dp_comm_s, dp_payload_bytes.
+        """
+        g, cfg = self.grid, self.cfg
+        if x.shape[0] < g.dp * cfg.microbatches:
+            raise PsrtError(f"global batch of {x.shape[0]} sequences is too small for dp={g.dp} x "
+                            f"{cfg.microbatches} micro-batches", everywhere=True)
+        mine = slice(*shard_range(x.shape[0], g.dp, g.dp_rank))
+        xs, ys, _ = split_batch(x[mine], y[mine], cfg.microbatches)
+        weights = [t.numel() / y.numel() for t in ys]       # share of the GLOBAL batch
+        for p in self.params:
+            p.grad = None
+        pp = self.runtime.step(xs, ys, weights)
+        t0 = time.perf_counter()
+        payload = self._allreduce_grads()
+        dp_s = time.perf_counter() - t0
+        self.optimizer.step()
+        loss = g.dp_comm.allreduce(pp.loss)                 # sum of the dp ranks' shares
+        return DPStepStats(loss=loss, compute_s=pp.busy_s, comm_s=pp.wait_s + dp_s,
+                           bytes_sent=pp.bytes_sent,
+                           extra={"step_s": pp.total_s, "bubble": pp.bubble, "dp_comm_s": dp_s,
+                                  "dp_payload_bytes": payload,
+                                  "peak_activation_bytes": pp.peak_activation_bytes,
+                                  "peak_live_microbatches": pp.peak_live_microbatches})
+
+    def _allreduce_grads(self) -> int:
+        """Sum the gradients over the dp axis in one flat buffer; returns its bytes."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        if self.grid.dp == 1 or not grads:
+            return 0
+        flat = torch.cat([t.reshape(-1) for t in grads])
+        self.grid.dp_group.allreduce(flat, op="sum", out=flat, algorithm=self.cfg.dp_algorithm)
+        offset = 0
+        for p, t in zip(self.params, grads):
+            p.grad = flat[offset:offset + t.numel()].view_as(p).clone()
+            offset += t.numel()
+        return flat.numel() * flat.element_size()
+
+    def dense_state_dict(self, root: int = 0) -> dict | None:
+        """The whole model as a psrt.models.TransformerLM state dict, assembled on grid rank
+        `root` from every (pp, tp) shard of dp replica 0; None on the other ranks."""
+        pieces = []
+        if self.grid.dp_rank == 0:
+            for name, p in self.named_parameters():
+                dense_name, dim, index = self.specs[name]
+                pieces.append((dense_name, dim, None if index is None else index.tolist(),
+                               p.detach().cpu()))
+        gathered = self.grid.cart_comm.gather(pieces, root=root)
+        if gathered is None:
+            return None
+        state: dict[str, torch.Tensor] = {}
+        for dense_name, dim, index, t in (x for part in gathered for x in part):
+            if dim is None:
+                state[dense_name] = t
+                continue
+            shape = list(t.shape)
+            shape[dim] = max(max(index) + 1, state[dense_name].shape[dim] if dense_name in state else 0)
+            full = torch.zeros(shape, dtype=t.dtype)
+            if dense_name in state:
+                old = state[dense_name]
+                full.narrow(dim, 0, old.shape[dim]).copy_(old)
+            state[dense_name] = full.index_copy_(dim, torch.tensor(index), t)
+        return state
+
+
+def run(grid: Grid, cfg: HybridConfig, batches, dense: nn.Module | None = None, device="cpu",
+        on_step=None, make_optimizer=None) -> tuple[HybridTrainer, list[DPStepStats]]:
+    """Train on `batches` (an iterable of global (x, y) batches, the same on every rank).
+
+    `on_step(step, stats)` is called after each step (e.g. to print on grid rank 0).
+    Returns the trainer (for dense_state_dict, named_parameters) and each step's stats.
+    """
+    trainer = HybridTrainer(grid, cfg, dense, device, make_optimizer)
+    history = []
+    for step, (x, y) in enumerate(batches):
+        stats = trainer.step(x, y)
+        history.append(stats)
+        if on_step is not None:
+            on_step(step, stats)
+    return trainer, history

@@ -47,6 +47,9 @@ def run_collectives(args) -> int:
         psrt.init_torch_distributed(world)
         torch_ready = True
     comm = psrt.Communicator(world)
+    if wanted and cb.HOROVOD in wanted:
+        from psrt.dp.horovod import init_horovod
+        init_horovod(comm)
     bad = [c for c in args.collective.split(",") if c not in COLLECTIVES]
     if bad:
         raise PsrtError(f"--collective {','.join(bad)}: choose from {', '.join(COLLECTIVES)}", everywhere=True)
@@ -102,7 +105,9 @@ def run_tune(args) -> int:
     from psrt.collectives.tuning import Tuning
     from psrt.launcher import local_mpirun_prefix
 
-    tables: dict = {}
+    # Collectives and world sizes not measured now keep their rows from the existing table.
+    tables: dict = Tuning.load(args.out).tables if os.path.exists(args.out) else {}
+    points: list = []
     for np_ in [int(x) for x in args.np.split(",")]:
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "points.json")
@@ -112,12 +117,19 @@ def run_tune(args) -> int:
                                               "--repeats", str(args.repeats), "--json", out,
                                               "--algorithms", ",".join(_tunable())]
             print(f"tune: measuring N={np_} ...", file=sys.stderr, flush=True)
-            subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL)
+            # one thread per rank, as mpi_launch sets it: torch's intra-op threads would fight
+            # the other ranks for the cores and skew the comparison
+            env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+            subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL, env=env)
             rows = json.load(open(out))["rows"]
+        points += rows
         for coll in args.collective.split(","):
             tables.setdefault(coll, {})[np_] = crossovers([r for r in rows if r["collective"] == coll])
     tuning = Tuning(tables=tables, source=f"python -m psrt.bench tune --np {args.np}")
     tuning.save(args.out)
+    with open(os.path.splitext(args.out)[0] + ".points.json", "a") as f:   # raw evidence
+        for row in points:
+            f.write(json.dumps(row) + "\n")
     for coll, per_n in tables.items():
         for n, rows in per_n.items():
             print(f"{coll:15s} N={n}: " + ", ".join(f"<= {lim} B: {algo}" for lim, algo in rows))
@@ -130,7 +142,7 @@ def _tunable() -> list[str]:
     return [a for a in ALL_ALGORITHMS if a not in ("auto", "torch")]
 
 
-def crossovers(rows: list[dict], tie: float = 0.05) -> list[tuple[int, str]]:
+def crossovers(rows: list[dict], tie: float = 0.15) -> list[tuple[int, str]]:
     """[(max_bytes, algorithm)] from measured points: the fastest per size, where an algorithm
     within `tie` of the fastest keeps the previous winner (so noise does not flip the table)."""
     table: list[tuple[int, str]] = []
@@ -156,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--collective", default="allreduce", help=f"comma list of {', '.join(COLLECTIVES)}")
     c.add_argument("--algorithms", default=None,
                    help="comma list (default: all for the collective, plus auto); 'mpi4py' adds the "
-                        "MPI library called directly, without psrt's API")
+                        "MPI library called directly, without psrt's API; 'horovod' adds "
+                        "horovod's allreduce (scripts/install_horovod.sh)")
     c.add_argument("--sizes", default=None, help="explicit comma list, e.g. 4,64K,16MiB")
     c.add_argument("--min-size", default="4")
     c.add_argument("--max-size", default="64MiB")

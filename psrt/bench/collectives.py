@@ -24,6 +24,8 @@ BUS_FACTOR = {
     "reduce": lambda n: 1.0,
 }
 RAW = "mpi4py"  # the MPI library called directly on a NumPy buffer, without psrt's API around it
+HOROVOD = "horovod"  # horovod.torch's allreduce (op Sum) on the same tensor; needs hvd.init() first
+PEERS = (RAW, HOROVOD)  # allreduce only, and only when asked for by name
 
 
 @dataclass
@@ -69,6 +71,10 @@ def _call(comm: Communicator, collective: str, algorithm: str, x: torch.Tensor, 
         from psrt.transport import np_view
         comm.comm.Allreduce(np_view(x), np_view(out), MPI.SUM)
         return out
+    if algorithm == HOROVOD:
+        import horovod.torch as hvd
+        # Out of place, as users call it: horovod allocates the result tensor itself.
+        return hvd.allreduce(x, op=hvd.Sum, name="psrt.bench.allreduce")
     if collective == "allreduce":
         return comm.allreduce(x, out=out, algorithm=algorithm)
     if collective == "reduce_scatter":
@@ -141,10 +147,10 @@ def measure(comm: Communicator, collective: str, algorithms: list[str], nbytes: 
 
 def algorithms_for(collective: str, requested: list[str] | None, torch_ready: bool) -> list[str]:
     names = list(requested) if requested else list(ALGORITHMS[collective]) + ["auto"]
-    names = [a for a in names if a == "auto" or a == RAW or a in ALGORITHMS[collective]]
+    names = [a for a in names if a == "auto" or a in PEERS or a in ALGORITHMS[collective]]
     if not torch_ready:
         names = [a for a in names if a != "torch"]
-    if RAW in names and collective != "allreduce":
-        names.remove(RAW)
+    if collective != "allreduce":
+        names = [a for a in names if a not in PEERS]
     # native first: every other row is compared with it
     return sorted(names, key=lambda a: a != "native")

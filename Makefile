@@ -1,5 +1,6 @@
 # psrt: set-up, demo and tests.  `make demo` and `make test` each install what they need first.
-PYTHON ?= python3
+# absolute: the ranks of Debian's mpirun may see /usr/bin first on PATH, whose python3 has no torch
+PYTHON ?= $(shell command -v python3)
 NP ?= 4
 
 .PHONY: install demo test bench tune clean

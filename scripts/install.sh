@@ -33,4 +33,9 @@ if ! "$PYTHON" -c 'import psrt, pytest, sklearn, matplotlib' 2>/dev/null; then
     say "psrt (editable) with its test extras"
     "$PYTHON" -m pip install -q -e '.[test]'
 fi
+# Horovod, for --dp horovod and the bench's horovod peer: built from source (about 10 minutes
+# the first time, from pip's wheel cache afterwards).  PSRT_WITH_HOROVOD=0 leaves it out.
+if [ "${PSRT_WITH_HOROVOD:-1}" != 0 ]; then
+    PYTHON="$PYTHON" bash scripts/install_horovod.sh
+fi
 say "ready: $("$PYTHON" -c 'from mpi4py import MPI; import torch, psrt; print("psrt", psrt.__version__, "| torch", torch.__version__, "|", MPI.Get_library_version().split(",")[0])')"

@@ -1,0 +1,244 @@
+"""`--dp ps`: the synchronous parameter server (the old nn.DataParallel / ps-lite shape).
+
+Every step each worker pushes its flattened gradient to the server; the server sums the
+workers' gradients in rank order, averages them, runs the optimizer and sends the new
+parameters back to every worker.  Built from MPI point-to-point on purpose, so the server's
+link really carries (N-1) x M in and (N-1) x M out per step, the cost that sharding
+(ps_sharded.py) and the ring all-reduce remove (Li et al., OSDI 2014; docs/parameter_server.md).
+
+Options (keywords, from the CLI's --servers / --staleness):
+    servers: 0 or None (default): rank 0 is the server and also a worker.
+             1: the last rank is a dedicated server (no forward/backward; it calls `serve()`).
+    staleness: must be 0 or None (use ps-async for bounded staleness).
+    timeout_s: how long any wait may last before it becomes an error naming the missing ranks
+             (default 600 s); the normal exit of every receive loop is the DONE sentinel.
+
+The protocol engine here serves one or several shards, so ps-sharded is this class with
+another layout and a flat-shard optimizer (see ShardedParameterServer).
+"""
+from __future__ import annotations
+
+from mpi4py import MPI
+
+from psrt.dp.base import DataParallel, StepStats, optimizer_state_bytes
+from psrt.dp.ps_protocol import (TAG_DONE, TAG_PULL, TAG_PUSH, FlatParams, ModelShard, Wire,
+                                 average_in_order, broadcast_initial, check_staleness,
+                                 local_backward, now, positive_timeout, shard_ranges, wait_all)
+from psrt.errors import PsrtError
+
+
+class ParameterServer(DataParallel):
+    name = "ps"
+
+    def __init__(self, model, make_optimizer, comm, **options):
+        super().__init__(model, make_optimizer, comm, **options)
+        check_staleness(options, self.name)
+        self.timeout_s = positive_timeout(options, self.name)
+        parent = getattr(comm, "comm", comm)
+        self.rank, self.size = parent.Get_rank(), parent.Get_size()
+        self.server_ranks, self.worker_ranks = self._layout(self.size, options)
+        self.flat = FlatParams(model)
+        self.ranges = shard_ranges(self.flat.numel, len(self.server_ranks))
+        self.is_worker = self.rank in self.worker_ranks
+        self.shard = self.server_ranks.index(self.rank) if self.rank in self.server_ranks else None
+        # The PS protocol runs on its own communicator: its tags cannot match anything else.
+        self.pcomm = parent.Dup()
+        self._step = 0
+        self._finished = False
+        self.init_bytes = broadcast_initial(self.pcomm, self.flat, self.timeout_s, self.name)
+        dtype = self.flat.dtype
+        if self.is_worker:
+            self._push = [Wire(hi - lo, dtype) for lo, hi in self.ranges]
+            self._pull = [Wire(hi - lo, dtype) for lo, hi in self.ranges]
+        if self.shard is not None:
+            lo, hi = self.ranges[self.shard]
+            self.holder = self._make_holder(lo, hi)    # after the sync: starts from rank 0's model
+            self._active = {w for w in self.worker_ranks if w != self.rank}  # remote workers
+            self._inbox = {w: Wire(hi - lo, dtype) for w in self._active}
+            self._out = Wire(hi - lo, dtype)
+            self._acc = self._out.data.clone()
+            self.server_totals = {"rounds": 0, "bytes_sent": 0, "bytes_received": 0,
+                                  "update_s": 0.0}
+
+    # ------------------------------------------------------------ layout (overridden by ps-sharded)
+    def _layout(self, size: int, options: dict) -> tuple[list[int], list[int]]:
+        """(server ranks, worker ranks), the same on every rank."""
+        servers = options.get("servers") or 0
+        if servers == 0:
+            return [0], list(range(size))
+        if servers != 1:
+            raise PsrtError(f"--dp ps has one server (--servers 0: rank 0 serves and works; 1: a "
+                            f"dedicated last rank), got --servers {servers}: use --dp ps-sharded",
+                            everywhere=True)
+        if size < 2:
+            raise PsrtError("--dp ps --servers 1 needs at least 2 ranks (1 worker + 1 server), "
+                            f"got {size}", everywhere=True)
+        return [size - 1], list(range(size - 1))
+
+    def _make_holder(self, lo: int, hi: int):
+        return ModelShard(self.flat, self.make_optimizer)
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.worker_ranks)
+
+    @property
+    def worker_rank(self) -> int:
+        """This rank's index among the workers (for splitting data), -1 on a dedicated server."""
+        return self.worker_ranks.index(self.rank) if self.is_worker else -1
+
+    def optimizer_state_bytes(self) -> int:
+        return 0 if self.shard is None else optimizer_state_bytes(self.holder.optimizer)
+
+    def optimizer_state_numel(self) -> int:
+        """Elements of optimizer state on this rank (0 on a rank that serves nothing)."""
+        return 0 if self.shard is None else self.holder.state_numel()
+
+    # ------------------------------------------------------------ protocol
+    def step(self, loss_fn, microbatches) -> StepStats:
+        if not self.is_worker:
+            raise PsrtError(f"--dp {self.name}: rank {self.rank} is a dedicated server; call serve()")
+        if self._finished:
+            raise PsrtError(f"--dp {self.name}: rank {self.rank} called step() after finish()")
+        t0 = now()
+        loss = local_backward(self.model, loss_fn, microbatches)
+        t1 = now()
+        reqs, sent = [], 0
+        for s, srv in enumerate(self.server_ranks):
+            wire = self._push[s]
+            self.flat.grads_into(wire.data, *self.ranges[s])
+            wire.head[0], wire.head[1] = self._step, loss
+            if srv != self.rank:
+                # Post the receive for the answer before pushing, so it is never unexpected.
+                reqs.append(self.pcomm.Irecv(self._pull[s].msg(), srv, TAG_PULL))
+                reqs.append(self.pcomm.Isend(wire.msg(), srv, TAG_PUSH))
+                sent += wire.nbytes
+        update_s = 0.0
+        if self.shard is not None:
+            send_reqs, nbytes, update_s = self._serve_round(own=self._push[self.shard])
+            reqs += send_reqs
+            sent += nbytes
+        wait_all(reqs, self.timeout_s, lambda p: f"--dp {self.name} worker rank {self.rank}: no "
+                 f"parameters from server rank(s) {self._servers_of(reqs, p)} for step "
+                 f"{self._step} after {self.timeout_s:.0f} s")
+        for s, srv in enumerate(self.server_ranks):
+            src = self._out if srv == self.rank else self._pull[s]
+            if int(src.head[0]) != self._step:
+                raise PsrtError(f"--dp {self.name} worker rank {self.rank}: server rank {srv} "
+                                f"answered step {int(src.head[0])} while this rank is at step {self._step}")
+            self.flat.load(src.data, *self.ranges[s])
+        # Every server averaged the same workers' losses; shard 0's answer is the global loss.
+        global_loss = float((self._out if self.server_ranks[0] == self.rank else self._pull[0]).head[1])
+        self._step += 1
+        total = now() - t0
+        compute = (t1 - t0) + update_s
+        return StepStats(loss=global_loss, compute_s=compute, comm_s=max(0.0, total - compute),
+                         bytes_sent=sent, extra={"step": self._step, "local_loss": loss})
+
+    def _servers_of(self, reqs: list, pending: list[int]) -> list[int]:
+        # Requests are posted (Irecv, Isend) per remote server, then this rank's server sends.
+        remote = [srv for srv in self.server_ranks if srv != self.rank]
+        return sorted({remote[i // 2] for i in pending if i // 2 < len(remote)})
+
+    def _serve_round(self, own: Wire | None = None) -> tuple[list, int, float]:
+        """Receive one message from every active worker, average the gradients in rank order,
+        update this server's shard and start sending it back.
+
+        Returns (send requests, bytes they carry, seconds spent in the update).  A DONE
+        sentinel instead of a gradient retires that worker; `own` is this rank's gradient
+        when the server is also a worker."""
+        remote = sorted(self._active)
+        inbox = self._inbox
+        reqs = [self.pcomm.Irecv(inbox[w].msg(), w, MPI.ANY_TAG) for w in remote]
+        statuses = wait_all(reqs, self.timeout_s, lambda p: (
+            f"--dp {self.name} server rank {self.rank}: no gradient or DONE from worker rank(s) "
+            f"{[remote[i] for i in p]} after {self.timeout_s:.0f} s (a worker stopped without "
+            "calling finish()?)"))
+        tags = {w: st.Get_tag() for w, st in zip(remote, statuses)}
+        parts, steps, losses, contributors = [], {}, [], []
+        for w in sorted(remote + ([self.rank] if own is not None else [])):
+            if w == self.rank:
+                wire = own
+            elif tags[w] == TAG_DONE:
+                self._active.discard(w)
+                continue
+            elif tags[w] != TAG_PUSH:
+                raise PsrtError(f"--dp {self.name} server rank {self.rank}: unexpected tag "
+                                f"{tags[w]} from rank {w}")
+            else:
+                wire = inbox[w]
+                self.server_totals["bytes_received"] += wire.nbytes
+            parts.append(wire.data)
+            steps[w] = int(wire.head[0])
+            losses.append(float(wire.head[1]))
+            contributors.append(w)
+        if not parts:
+            return [], 0, 0.0
+        if len(set(steps.values())) > 1:
+            listing = ", ".join(f"rank {w} at step {s}" for w, s in steps.items())
+            raise PsrtError(f"--dp {self.name} server rank {self.rank}: workers disagree on the "
+                            f"step number ({listing}); did they resume from different checkpoints?")
+        t0 = now()
+        self.holder.apply(average_in_order(parts, self._acc), self._out.data)
+        update_s = now() - t0
+        self._out.head[0] = next(iter(steps.values()))
+        self._out.head[1] = sum(losses) / len(losses)          # rank order, like the gradients
+        send = [self.pcomm.Isend(self._out.msg(), w, TAG_PULL) for w in contributors if w != self.rank]
+        nbytes = len(send) * self._out.nbytes
+        totals = self.server_totals
+        totals["rounds"] += 1
+        totals["bytes_sent"] += nbytes
+        totals["update_s"] += update_s
+        return send, nbytes, update_s
+
+    def serve(self, rounds: int | None = None) -> bool:
+        """Dedicated servers: answer rounds until every worker has sent its DONE sentinel, or
+        until `rounds` updates were made (so a server can checkpoint between calls).
+        Returns True once every worker has finished."""
+        if self.shard is None:
+            return True
+        if self.is_worker and not self._finished:
+            raise PsrtError(f"--dp {self.name}: rank {self.rank} is a worker; it serves inside "
+                            "step() and finish(), not serve()")
+        done = 0
+        while self._active and (rounds is None or done < rounds):
+            send, _, _ = self._serve_round()
+            done += bool(send)
+            wait_all(send, self.timeout_s, lambda p: f"--dp {self.name} server rank {self.rank}: "
+                     f"workers did not take their parameters within {self.timeout_s:.0f} s")
+        return not self._active
+
+    def finish(self) -> None:
+        """Workers send DONE to every server; a server keeps serving until all workers are done."""
+        if self._finished:
+            return
+        self._finished = True
+        if self.is_worker:
+            reqs = []
+            for s, srv in enumerate(self.server_ranks):
+                if srv != self.rank:
+                    self._push[s].head[0] = self._step
+                    reqs.append(self.pcomm.Isend(self._push[s].head_msg(), srv, TAG_DONE))
+            wait_all(reqs, self.timeout_s, lambda p: f"--dp {self.name} worker rank {self.rank}: "
+                     f"servers did not take the DONE sentinel within {self.timeout_s:.0f} s")
+        self.serve()
+        self.pcomm.Free()
+
+    # ------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        """This rank's part: the model, the step, and on a server its optimizer (shard)."""
+        ps = {"step": self._step}
+        if self.shard is not None:
+            ps["server"] = self.holder.state_dict()
+        return {"model": self.model.state_dict(), "ps": ps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        ps = state.get("ps", {})
+        self._step = int(ps.get("step", 0))
+        if self.shard is not None:
+            where = f"--dp {self.name} server rank {self.rank}"
+            if "server" not in ps:
+                raise PsrtError(f"{where}: the checkpoint has no server state (optimizer); load "
+                                "each rank's own state_dict")
+            self.holder.load_state_dict(ps["server"], where)

@@ -1,0 +1,55 @@
+"""`--dp ps-sharded`: the parameter vector split over S servers (ps-lite's key ranges).
+
+The flat parameter vector is cut into S size-balanced contiguous ranges (Li et al., "Scaling
+Distributed Machine Learning with the Parameter Server", OSDI 2014, sec. 4.3); server s keeps
+range s and the optimizer state of that range only.  Each step every worker pushes slice s of
+its gradient to server s and pulls slice s of the parameters back, so a server moves
+~2 (N-1) M / S per step instead of 2 (N-1) M (docs/parameter_server.md).  The protocol is
+ps.py's synchronous engine run once per shard: each server averages its slice in worker-rank
+order, so the parameters match `--dp ps` to rounding and the single-process run to tolerance.
+
+Options (keywords):
+    servers: number of DEDICATED server ranks, as in `--dp ps`.  S > 0: the last S ranks hold
+             one shard each and do no forward/backward (they call `serve()`); ranks
+             0..N-S-1 are the workers.  0 or None (default): no dedicated servers, see shards.
+    shards:  with servers = 0 only: ranks 0..shards-1 hold one shard each and also work
+             (default: every rank holds a shard, the co-located ps-lite layout).
+    staleness, timeout_s: as in `--dp ps`.
+"""
+from __future__ import annotations
+
+from psrt.dp.ps import ParameterServer
+from psrt.dp.ps_protocol import FlatShard
+from psrt.errors import PsrtError
+
+
+class ShardedParameterServer(ParameterServer):
+    name = "ps-sharded"
+
+    def _layout(self, size: int, options: dict) -> tuple[list[int], list[int]]:
+        servers = options.get("servers") or 0
+        shards = options.get("shards")
+        if servers < 0:
+            raise PsrtError(f"--dp ps-sharded: --servers must be >= 0, got {servers}", everywhere=True)
+        if servers > 0:
+            if shards not in (None, servers):
+                raise PsrtError(f"--dp ps-sharded: with {servers} dedicated servers there are "
+                                f"{servers} shards; drop shards={shards}", everywhere=True)
+            if servers >= size:
+                raise PsrtError(f"--dp ps-sharded --servers {servers} leaves no worker among "
+                                f"{size} ranks: use at most {size - 1} dedicated servers",
+                                everywhere=True)
+            return list(range(size - servers, size)), list(range(size - servers))
+        shards = size if shards is None else int(shards)
+        if not 1 <= shards <= size:
+            raise PsrtError(f"--dp ps-sharded: shards must be between 1 and the number of ranks "
+                            f"({size}), got {shards}", everywhere=True)
+        return list(range(shards)), list(range(size))
+
+    def _make_holder(self, lo: int, hi: int):
+        return FlatShard(self.flat, lo, hi, self.make_optimizer)
+
+    @property
+    def shard_range(self) -> tuple[int, int] | None:
+        """[lo, hi) of the flat parameter vector this rank serves, None if it serves none."""
+        return None if self.shard is None else self.ranges[self.shard]

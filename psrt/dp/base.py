@@ -21,7 +21,12 @@ import torch
 
 @dataclass
 class StepStats:
-    """What one step cost, for the summary table and the JSONL metrics."""
+    """What one step cost, for the summary table and the JSONL metrics.
+
+    `loss` is the mean loss over the global batch (averaged over workers) where the strategy
+    can provide it cheaply (ddp and zero reduce it together with the gradients); a strategy
+    that reports only this worker's mean sets extra["loss_scope"] = "local".
+    """
     loss: float = float("nan")
     compute_s: float = 0.0        # forward + backward (+ optimizer where local)
     comm_s: float = 0.0           # time blocked in communication (not hidden by overlap)
@@ -37,10 +42,28 @@ class DataParallel(abc.ABC):
         make_optimizer: `params -> torch.optim.Optimizer`; strategies that shard the
             optimizer (ps-sharded, zero) call it on their shard only.
         comm: a `psrt.Communicator` over the data-parallel ranks.
+
+    Options a strategy does not use are ignored, so the training loop can pass every
+    strategy option (bucket_mb, compress, overlap, algorithm, servers, staleness) to any.
     """
 
     name = "base"
     is_worker = True               # False on a dedicated parameter-server rank
+
+    @property
+    def num_workers(self) -> int:
+        """How many ranks train (call `step`); the global batch is split over these."""
+        return self.comm.size
+
+    @property
+    def worker_rank(self) -> int:
+        """This rank's index among the workers (0..num_workers-1); -1 on a server."""
+        return self.comm.rank if self.is_worker else -1
+
+    def optimizer_state_bytes(self) -> int:
+        """Bytes of optimizer-state tensors held by this rank (momentum, Adam moments...)."""
+        opt = getattr(self, "optimizer", None)
+        return optimizer_state_bytes(opt) if opt is not None else 0
 
     def __init__(self, model: torch.nn.Module, make_optimizer: Callable[[Iterable], torch.optim.Optimizer],
                  comm, **options):
@@ -53,8 +76,11 @@ class DataParallel(abc.ABC):
     def step(self, loss_fn: Callable[[object], torch.Tensor], microbatches: list) -> StepStats:
         """Forward/backward over this rank's micro-batches, communicate, update parameters."""
 
-    def serve(self) -> None:
-        """Run a dedicated server until every worker has finished (servers only)."""
+    def serve(self, rounds: int | None = None) -> bool:
+        """Run a dedicated server until every worker has finished (servers only), or until
+        `rounds` more updates were made, so a server can join a checkpoint between calls.
+        Returns True once every worker has finished."""
+        return True
 
     def finish(self) -> None:
         """Tell the others this rank is done (workers), release threads and buffers."""
@@ -65,3 +91,42 @@ class DataParallel(abc.ABC):
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of every tensor in `optimizer.state` (what sharding the optimizer divides)."""
+    return sum(v.numel() * v.element_size() for state in optimizer.state.values()
+               for v in state.values() if torch.is_tensor(v))
+
+
+def wire_bytes(collective: str, algorithm: str, nbytes: int, size: int, rank: int) -> int:
+    """Bytes `rank` sends in one `collective` of an `nbytes` buffer over `size` ranks.
+
+    Counted from each algorithm's schedule as psrt/collectives writes it out (the extra
+    fold step of recursive doubling on a non-power-of-two size is left out).  For the MPI
+    library ('native') and gloo ('torch'), whose choice of algorithm is internal, the
+    bandwidth-optimal ring figure is used, which is what both pick for large messages.
+    """
+    n, m = size, nbytes
+    if n == 1 or m == 0:
+        return 0
+    part = m / n
+    if collective in ("reduce_scatter", "allgather"):
+        if algorithm == "ps":   # everything through rank 0 (see psrt/collectives/ps.py)
+            if collective == "reduce_scatter":   # reduce to 0, 0 sends each rank its part
+                return int((n - 1) * part) if rank == 0 else m
+            return (n - 1) * m if rank == 0 else int(part)   # gather to 0, 0 broadcasts
+        return int((n - 1) * part)
+    if collective != "allreduce":
+        raise ValueError(f"wire_bytes: unknown collective {collective!r}")
+    if algorithm == "ps":      # reduce to rank 0, then rank 0 sends the result to each worker
+        return (n - 1) * m if rank == 0 else m
+    if algorithm == "doubling":
+        return (n - 1).bit_length() * m
+    if algorithm == "tree":    # binomial reduce (send once) + broadcast (send to each child)
+        vr, children, mask = rank, 0, 1
+        while mask < n and not vr & mask:
+            children += vr + mask < n
+            mask <<= 1
+        return (m if rank else 0) + children * m
+    return int(2 * (n - 1) * part)   # ring, halving-doubling, native, torch

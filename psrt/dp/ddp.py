@@ -1,0 +1,300 @@
+"""Bucketed all-reduce data parallelism: the PyTorch DDP / Horovod shape on psrt's collectives.
+
+Every rank holds the whole model.  Gradients are grouped into buckets of about `bucket_mb`
+in reverse parameter order, because backward produces them roughly in that order, and a
+bucket is all-reduced (averaged) as soon as its last gradient is accumulated, on the
+Communicator's worker thread, while backward goes on computing the next ones (Li et al.,
+"PyTorch Distributed: Experiences on Accelerating Data Parallel Training", VLDB 2020,
+sections 3.2.2-3.2.3; Sergeev & Del Balso, "Horovod", 2018, call it tensor fusion).
+
+Buckets are launched strictly in index order, whatever order their gradients arrive in,
+because MPI needs every rank to start collectives on a communicator in the same order
+(MPI 4.1 sec. 6.14) and two ranks may finish their gradients in different orders.
+
+RingDDP, NativeDDP and TorchDDP differ only in the reducer's algorithm.  Reducers are
+interchangeable behind one signature, `reducer(flat) -> waitable`, leaving the average of
+`flat` over ranks in `flat` after `wait()` (the shape of torch's ddp_comm_hooks).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+import torch
+
+from psrt.dp.base import DataParallel, StepStats, wire_bytes
+from psrt.errors import PsrtError
+
+COMPRESS = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class _Then:
+    """A waitable that runs `after()` once the inner handle completes."""
+
+    def __init__(self, handle, after):
+        self._handle, self._after = handle, after
+
+    def wait(self):
+        self._handle.wait()
+        self._after()
+
+
+class AllreduceReducer:
+    """Average over ranks with `comm.allreduce(op="avg")` and a fixed algorithm."""
+
+    def __init__(self, comm, algorithm: str):
+        self.comm, self.algorithm = comm, algorithm
+
+    def __call__(self, flat: torch.Tensor):
+        return self.comm.allreduce(flat, op="avg", out=flat, algorithm=self.algorithm, async_op=True)
+
+    def wire_bytes(self, flat: torch.Tensor) -> int:
+        nbytes = flat.numel() * flat.element_size()
+        algo = self.algorithm
+        if algo == "auto":
+            from psrt.collectives import ALGORITHMS
+            algo = self.comm.tuning.choose("allreduce", nbytes, self.comm.size, ALGORITHMS["allreduce"])
+        return wire_bytes("allreduce", algo, nbytes, self.comm.size, self.comm.rank)
+
+
+class CompressedReducer(AllreduceReducer):
+    """Send gradients as fp16 or bf16: half the bytes, about 3 (fp16) or 2 (bf16) digits.
+
+    The bucket is divided by N *before* the cast and summed on the wire, instead of summed
+    and then divided, so the sum of N fp16 values cannot overflow where the average would
+    not (the reasoning of torch's fp16_compress_hook)."""
+
+    def __init__(self, comm, algorithm: str, dtype: torch.dtype):
+        super().__init__(comm, algorithm)
+        self.dtype = dtype
+        self._wire: dict[int, torch.Tensor] = {}
+
+    def __call__(self, flat: torch.Tensor):
+        wire = self._wire.get(id(flat))
+        if wire is None or wire.numel() != flat.numel():
+            wire = self._wire[id(flat)] = torch.empty(flat.numel(), dtype=self.dtype, device=flat.device)
+        wire.copy_(flat.div_(self.comm.size))
+        handle = self.comm.allreduce(wire, op="sum", out=wire, algorithm=self.algorithm, async_op=True)
+        return _Then(handle, lambda: flat.copy_(wire))
+
+    def wire_bytes(self, flat: torch.Tensor) -> int:
+        return super().wire_bytes(flat) * torch.empty(0, dtype=self.dtype).element_size() // flat.element_size()
+
+
+class _Bucket:
+    def __init__(self, params: list):
+        self.params = params
+        self.offsets = [0]
+        for p in params:
+            self.offsets.append(self.offsets[-1] + p.numel())
+        # One spare element at the end of every bucket: the last one carries the loss.
+        self.flat = torch.zeros(self.offsets[-1] + 1, dtype=params[0].dtype, device=params[0].device)
+        self.seen = [False] * len(params)
+        self.left = len(params)
+        self.handle = None
+
+    def slot(self, i: int) -> torch.Tensor:
+        return self.flat[self.offsets[i]:self.offsets[i + 1]]
+
+    def reset(self) -> None:
+        self.seen = [False] * len(self.params)
+        self.left = len(self.params)
+        self.handle = None
+
+
+def make_buckets(params: list, bucket_bytes: int) -> list[_Bucket]:
+    """Group `params` in reverse order into buckets of at least `bucket_bytes` (the last may
+    be smaller); a change of dtype or device starts a new bucket."""
+    buckets, cur, size = [], [], 0
+    for p in reversed(params):
+        if cur and (size >= bucket_bytes or p.dtype != cur[0].dtype or p.device != cur[0].device):
+            buckets.append(_Bucket(cur))
+            cur, size = [], 0
+        cur.append(p)
+        size += p.numel() * p.element_size()
+    if cur:
+        buckets.append(_Bucket(cur))
+    return buckets
+
+
+class DDP(DataParallel):
+    """Data parallelism by all-reducing gradient buckets during backward.
+
+    Options:
+        bucket_mb: bucket size in MiB (default 1).
+        overlap: launch each bucket as soon as it is ready (default True); False reduces
+            all buckets after backward, the baseline for measuring overlap.
+        compress: "none", "fp16" or "bf16": the dtype gradients travel in.
+        algorithm: the all-reduce algorithm (default: the class's own).
+    """
+
+    name = "ddp"
+    default_algorithm = "ring"
+
+    def __init__(self, model, make_optimizer, comm, bucket_mb: float = 1.0, overlap: bool = True,
+                 compress: str = "none", algorithm: str | None = None, **options):
+        super().__init__(model, make_optimizer, comm, **options)
+        if compress not in COMPRESS:
+            raise PsrtError(f"--compress {compress!r}: choose one of {', '.join(COMPRESS)}", everywhere=True)
+        if bucket_mb <= 0:
+            raise PsrtError(f"--bucket-mb {bucket_mb}: must be positive", everywhere=True)
+        self.algorithm = algorithm or self.default_algorithm
+        self.overlap = overlap
+        self.reducer = (CompressedReducer(comm, self.algorithm, COMPRESS[compress]) if COMPRESS[compress]
+                        else AllreduceReducer(comm, self.algorithm))
+        self._prepare_backend()
+        broadcast_model(model, comm)
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise PsrtError("the model has no trainable parameters")
+        self.optimizer = make_optimizer(params)
+        self.buckets = make_buckets(params, int(bucket_mb * 2 ** 20))
+        self._syncing = False
+        self._next = 0                 # index of the next bucket to launch
+        self._launched_in_backward = 0
+        self._hooks = [p.register_post_accumulate_grad_hook(self._hook(b, i))
+                       for b, bucket in enumerate(self.buckets) for i, p in enumerate(bucket.params)]
+
+    def _prepare_backend(self) -> None:
+        """Hook for reducers that need more set-up (TorchDDP joins torch.distributed)."""
+
+    # ------------------------------------------------------------------ gradient sync
+    def _hook(self, b: int, i: int):
+        def hook(p: torch.Tensor) -> None:
+            if not self._syncing:
+                return
+            bucket = self.buckets[b]
+            if not bucket.seen[i]:
+                bucket.seen[i] = True
+                bucket.left -= 1
+                bucket.slot(i).copy_(p.grad.reshape(-1))
+            if self.overlap:
+                self._launch_ready(in_backward=True)
+        return hook
+
+    def _launch(self, bucket: _Bucket) -> None:
+        bucket.handle = self.reducer(bucket.flat)
+
+    def _launch_ready(self, in_backward: bool) -> None:
+        while self._next < len(self.buckets) and self.buckets[self._next].left == 0:
+            self._launch(self.buckets[self._next])
+            self._launched_in_backward += in_backward
+            self._next += 1
+
+    def _flush(self) -> None:
+        """After backward: launch what is left, in order.  A parameter that got no gradient
+        on this rank contributes zeros (or what earlier micro-batches accumulated), so every
+        rank still reduces every bucket (torch DDP's find_unused_parameters, simplified)."""
+        for bucket in self.buckets[self._next:]:
+            for i, p in enumerate(bucket.params):
+                if not bucket.seen[i]:
+                    slot = bucket.slot(i)
+                    slot.copy_(p.grad.reshape(-1)) if p.grad is not None else slot.zero_()
+                    bucket.seen[i] = True
+            bucket.left = 0
+        self._launch_ready(in_backward=False)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside only accumulate into .grad; the next synced one reduces all."""
+        old, self._syncing = self._syncing, False
+        try:
+            yield
+        finally:
+            self._syncing = old
+
+    def step(self, loss_fn, microbatches: list) -> StepStats:
+        start = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        for bucket in self.buckets:
+            bucket.reset()
+        self._next = self._launched_in_backward = 0
+        n, total = len(microbatches), 0.0
+        for k, mb in enumerate(microbatches):
+            loss = loss_fn(mb)
+            total += loss.item()
+            if k == n - 1:
+                self.buckets[-1].flat[-1] = total / n   # the loss travels with the last bucket
+                self._syncing = True
+            try:
+                # Each micro-batch loss is a mean over its samples: dividing by n makes the
+                # accumulated gradient that of the mean over all of this rank's samples.
+                (loss / n).backward()
+            finally:
+                self._syncing = False
+        self._flush()
+        waited = time.perf_counter()
+        for bucket in self.buckets:
+            bucket.handle.wait()
+        comm_s = time.perf_counter() - waited
+        for bucket in self.buckets:
+            for i, p in enumerate(bucket.params):
+                grad = bucket.slot(i).view_as(p)
+                if p.grad is None:
+                    p.grad = grad.clone()
+                else:
+                    p.grad.copy_(grad)
+        self.optimizer.step()
+        elapsed = time.perf_counter() - start
+        sent = sum(self.reducer.wire_bytes(b.flat) for b in self.buckets)
+        return StepStats(loss=float(self.buckets[-1].flat[-1]), compute_s=elapsed - comm_s, comm_s=comm_s,
+                         bytes_sent=sent, extra={"buckets": len(self.buckets),
+                                                 "launched_in_backward": self._launched_in_backward})
+
+    def finish(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+def broadcast_model(model: torch.nn.Module, comm, root: int = 0) -> None:
+    """Give every rank root's parameters and buffers (one broadcast per dtype)."""
+    if comm.size == 1:
+        return
+    tensors = list(model.parameters()) + list(model.buffers())
+    by_dtype: dict = {}
+    for t in tensors:
+        by_dtype.setdefault((t.dtype, t.device), []).append(t)
+    with torch.no_grad():
+        for group in by_dtype.values():
+            flat = torch.cat([t.reshape(-1) for t in group])
+            comm.broadcast(flat, root=root)
+            off = 0
+            for t in group:
+                t.copy_(flat[off:off + t.numel()].view_as(t))
+                off += t.numel()
+
+
+class RingDDP(DDP):
+    """Buckets all-reduced by psrt's ring (reduce-scatter + all-gather)."""
+    name, default_algorithm = "ring", "ring"
+
+
+class NativeDDP(DDP):
+    """Buckets all-reduced by the MPI library's own MPI_Allreduce."""
+    name, default_algorithm = "native", "native"
+
+
+class TorchDDP(DDP):
+    """Buckets all-reduced by torch.distributed (gloo on CPU, nccl on GPU)."""
+    name, default_algorithm = "torch", "torch"
+
+    def _prepare_backend(self) -> None:
+        import torch.distributed as dist
+        if dist.is_initialized():
+            return
+        if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+            raise PsrtError("--dp torch needs torch.distributed: call psrt.init() (which exports "
+                            "MASTER_ADDR/MASTER_PORT) or psrt.init_torch_distributed(world) first")
+        from datetime import timedelta
+        backend = "nccl" if next(self.model.parameters()).is_cuda else "gloo"
+        dist.init_process_group(backend, init_method="env://", rank=self.comm.rank,
+                                world_size=self.comm.size, timeout=timedelta(seconds=300))

@@ -1,0 +1,144 @@
+"""Sharded optimizer state: ZeRO stage 1-2 (Rajbhandari et al., "ZeRO: Memory Optimizations
+Toward Training Trillion Parameter Models", SC 2020, section 5).
+
+Every rank keeps the whole model for forward and backward, but only 1/N of the optimizer:
+all parameters are laid end to end in one flat vector, padded to a multiple of N, and rank
+r owns elements [r*S, (r+1)*S) with S = padded/N.  A step is
+
+    backward -> reduce-scatter(gradients, avg)   rank r receives the averaged gradient of its shard
+             -> optimizer.step() on the shard    momentum / Adam moments exist for the shard only
+             -> all-gather(shards)               every rank gets every updated parameter
+
+Reduce-scatter + all-gather move the same bytes as one ring all-reduce (which is exactly
+those two phases), so the memory saving costs no extra communication.  Optimizers that
+work element by element (SGD, Adam) give the same update on a shard as on whole tensors;
+norm-based ones (LAMB, gradient clipping) would need a global norm first.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from psrt.dp.base import DataParallel, StepStats, wire_bytes
+from psrt.dp.ddp import COMPRESS, broadcast_model
+from psrt.errors import PsrtError
+
+
+class ZeroOptimizer(DataParallel):
+    """Data parallelism with the optimizer state sharded over ranks.
+
+    Options:
+        algorithm: reduce-scatter / all-gather algorithm (default "ring").
+        compress: "none", "fp16" or "bf16": the dtype gradients travel in (parameters are
+            always gathered in full precision).
+    """
+
+    name = "zero"
+
+    def __init__(self, model, make_optimizer, comm, algorithm: str | None = None,
+                 compress: str = "none", **options):
+        super().__init__(model, make_optimizer, comm, **options)
+        if compress not in COMPRESS:
+            raise PsrtError(f"--compress {compress!r}: choose one of {', '.join(COMPRESS)}", everywhere=True)
+        self.algorithm = algorithm or "ring"
+        self.wire_dtype = COMPRESS[compress]
+        broadcast_model(model, comm)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise PsrtError("the model has no trainable parameters")
+        if len({p.dtype for p in self.params}) != 1:
+            raise PsrtError("--dp zero needs every trainable parameter in one dtype")
+        n, r = comm.size, comm.rank
+        self.total = sum(p.numel() for p in self.params)
+        self.shard = -(-self.total // n)                 # ceil: pad so N parts are equal
+        like = self.params[0]
+        self.flat_grad = torch.zeros(self.shard * n, dtype=like.dtype, device=like.device)
+        # Gather buffer: each rank's shard followed by its local loss, so the mean loss over
+        # ranks arrives with the parameters at no extra message.
+        self.gathered = torch.zeros(n * (self.shard + 1), dtype=like.dtype, device=like.device)
+        flat = torch.cat([p.detach().reshape(-1) for p in self.params])
+        mine = torch.zeros(self.shard, dtype=like.dtype, device=like.device)
+        lo, hi = r * self.shard, min((r + 1) * self.shard, self.total)
+        if hi > lo:
+            mine[:hi - lo] = flat[lo:hi]
+        # The master copy of this rank's shard: the only tensor the optimizer ever sees.
+        self.master = torch.nn.Parameter(mine)
+        self.optimizer = make_optimizer([self.master])
+        self.grad_shard = torch.zeros(self.shard, dtype=like.dtype, device=like.device)
+
+    def _copy_grads(self) -> None:
+        off = 0
+        for p in self.params:
+            k = p.numel()
+            if p.grad is None:      # no gradient on this rank: contributes zeros
+                self.flat_grad[off:off + k].zero_()
+            else:
+                self.flat_grad[off:off + k].copy_(p.grad.reshape(-1))
+            off += k
+
+    def _reduce_scatter(self) -> int:
+        """flat_grad -> averaged gradient of this rank's shard in grad_shard; returns bytes sent."""
+        n = self.comm.size
+        counts = [self.shard] * n
+        if self.wire_dtype is None:
+            self.comm.reduce_scatter(self.flat_grad, op="avg", out=self.grad_shard, counts=counts,
+                                     algorithm=self.algorithm)
+            sent = self.flat_grad.numel() * self.flat_grad.element_size()
+        else:
+            # Divide before the cast so the fp16 sum cannot overflow (see ddp.CompressedReducer).
+            wire = (self.flat_grad / n).to(self.wire_dtype)
+            self.grad_shard.copy_(self.comm.reduce_scatter(wire, op="sum", counts=counts,
+                                                           algorithm=self.algorithm))
+            sent = wire.numel() * wire.element_size()
+        return wire_bytes("reduce_scatter", self.algorithm, sent, n, self.comm.rank)
+
+    def step(self, loss_fn, microbatches: list) -> StepStats:
+        start = time.perf_counter()
+        for p in self.params:
+            p.grad = None
+        n_mb, total = len(microbatches), 0.0
+        for mb in microbatches:
+            loss = loss_fn(mb)
+            total += loss.item()
+            (loss / n_mb).backward()     # mean over this rank's samples, as in ddp.DDP.step
+        self._copy_grads()
+        t0 = time.perf_counter()
+        sent = self._reduce_scatter()
+        comm_s = time.perf_counter() - t0
+        self.master.grad = self.grad_shard
+        self.optimizer.step()
+        n, k = self.comm.size, self.shard
+        send = torch.cat([self.master.detach(), self.master.new_tensor([total / n_mb])])
+        t0 = time.perf_counter()
+        self.comm.allgather(send, out=self.gathered, counts=[k + 1] * n, algorithm=self.algorithm)
+        comm_s += time.perf_counter() - t0
+        sent += wire_bytes("allgather", self.algorithm, self.gathered.numel() * self.gathered.element_size(),
+                           n, self.comm.rank)
+        table = self.gathered.view(n, k + 1)
+        self._unflatten(table[:, :k].reshape(-1))
+        elapsed = time.perf_counter() - start
+        return StepStats(loss=float(table[:, k].mean()), compute_s=elapsed - comm_s, comm_s=comm_s,
+                         bytes_sent=sent, extra={"shard_elements": k})
+
+    @torch.no_grad()
+    def _unflatten(self, flat: torch.Tensor) -> None:
+        off = 0
+        for p in self.params:
+            p.copy_(flat[off:off + p.numel()].view_as(p))
+            off += p.numel()
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "master": self.master.detach().clone(), "shard": [self.comm.rank, self.comm.size, self.shard]}
+
+    def load_state_dict(self, state: dict) -> None:
+        rank, size, shard = state["shard"]
+        if (size, shard) != (self.comm.size, self.shard):
+            raise PsrtError(f"--resume: this zero checkpoint holds {size} optimizer shards of {shard} "
+                            f"elements; this run has {self.comm.size} of {self.shard} (resume on "
+                            f"{size} ranks)", everywhere=True)
+        self.model.load_state_dict(state["model"])
+        with torch.no_grad():
+            self.master.copy_(state["master"])
+        self.optimizer.load_state_dict(state["optimizer"])

@@ -44,9 +44,10 @@ class TrainConfig:
                               "and ps-sharded, 1 for ps-async)", "strategy", metavar="S")
     staleness: int | None = opt(None, "bounded staleness of ps-async: how many steps a worker may run "
                                 "ahead of the slowest (default 0)", "strategy", metavar="S")
-    pp: int = opt(1, "pipeline-parallel degree (reserved: model parallelism is not wired into "
-                  "psrt.train yet)", "strategy", metavar="N")
-    tp: int = opt(1, "tensor-parallel degree (reserved, as --pp)", "strategy", metavar="N")
+    pp: int = opt(1, "pipeline-parallel degree: the transformer cut into N stages (1F1B schedule, "
+                  "--accum micro-batches); needs --model transformer", "strategy", metavar="N")
+    tp: int = opt(1, "tensor-parallel degree: each stage's layers split over N ranks (Megatron-style)",
+                  "strategy", metavar="N")
     # --- model and data
     model: str = opt("mlp", "model to train", "model", MODELS)
     data: str | None = opt(None, "data set (default: digits, or text for --model transformer)",

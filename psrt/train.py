@@ -24,19 +24,7 @@ from psrt.dp import strategy_class
 from psrt.dp.base import StepStats
 from psrt.errors import PsrtError, cli_main
 from psrt.models import build_model, loss_and_correct
-
-
-def data_parallel_world(cfg: TrainConfig, world):
-    """The communicator data parallelism runs over.
-
-    HOOK(pp/tp): model parallelism plugs in here.  With --pp/--tp > 1 this is where the
-    process grid (dp x pp x tp) is built and the data-parallel sub-communicator returned,
-    and where build_model's TransformerLM is cut into stages (its `blocks`) and sharded.
-    """
-    if cfg.pp * cfg.tp != 1:
-        raise PsrtError(f"--pp {cfg.pp} --tp {cfg.tp}: model parallelism is not wired into "
-                        "psrt.train yet; run with --pp 1 --tp 1", everywhere=True)
-    return world.comm
+from psrt.train_hybrid import train_hybrid
 
 
 def make_optimizer_factory(cfg: TrainConfig):
@@ -97,7 +85,9 @@ class Totals:
 
 def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset) -> dict | None:
     """Train with strategy `dp`; returns the summary row on the lead worker, else None."""
-    comm = psrt.Communicator(data_parallel_world(cfg, world), algorithm="auto")
+    if cfg.pp * cfg.tp != 1:   # model parallelism: psrt/train_hybrid.py
+        return train_hybrid(cfg, dp, world, ctl, dataset, make_optimizer_factory(cfg), evaluate, summarize)
+    comm = psrt.Communicator(world.comm, algorithm="auto")
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, dataset, cfg.width, cfg.layers)
     strategy = strategy_class(dp)(model, make_optimizer_factory(cfg), comm, **strategy_options(cfg))

@@ -68,6 +68,9 @@ class TrainConfig:
     weight_decay: float = opt(0.0, "L2 weight decay", "training", metavar="WD")
     accum: int = opt(1, "micro-batches per step on each worker (gradient accumulation)", "training", metavar="K")
     seed: int = opt(0, "seed for initialisation and sample order", "training", metavar="N")
+    timeout: float | None = opt(None, "seconds a collective may wait (or a rank stay silent) before the "
+                                "watchdog names the stuck ranks and ends the job (default: PSRT_TIMEOUT, "
+                                "else 300)", "training", metavar="S")
     # --- output
     metrics: str | None = opt(None, "write JSONL metrics here: one line per step and a summary", "output", metavar="FILE")
     save: str | None = opt(None, "save the final parameters (a state_dict) here", "output", metavar="FILE")
@@ -96,6 +99,8 @@ class TrainConfig:
         for name in non_negative + ("servers",):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise PsrtError(f"{flag(name)} {getattr(self, name)}: must not be negative", everywhere=True)
+        if self.timeout is not None and not self.timeout > 0:
+            raise PsrtError(f"--timeout {self.timeout}: must be a positive number of seconds", everywhere=True)
         if self.bucket_mb <= 0:
             raise PsrtError(f"--bucket-mb {self.bucket_mb}: must be positive", everywhere=True)
         if self.lr is None:

@@ -25,6 +25,7 @@ from psrt.dp.base import StepStats
 from psrt.errors import PsrtError, cli_main
 from psrt.models import build_model, loss_and_correct
 from psrt.train_hybrid import train_hybrid
+from psrt.watchdog import Watchdog
 
 
 def make_optimizer_factory(cfg: TrainConfig):
@@ -83,11 +84,12 @@ class Totals:
         self.loss = s.loss
 
 
-def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset) -> dict | None:
+def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog) -> dict | None:
     """Train with strategy `dp`; returns the summary row on the lead worker, else None."""
     if cfg.pp * cfg.tp != 1:   # model parallelism: psrt/train_hybrid.py
         return train_hybrid(cfg, dp, world, ctl, dataset, make_optimizer_factory(cfg), evaluate, summarize)
     comm = psrt.Communicator(world.comm, algorithm="auto")
+    dog.watch(comm)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, dataset, cfg.width, cfg.layers)
     strategy = strategy_class(dp)(model, make_optimizer_factory(cfg), comm, **strategy_options(cfg))
@@ -118,6 +120,7 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset) -> dict | None:
         for step in range(start, total):
             mbs = [(x_all[i], y_all[i]) for i in sampler.microbatches(step)]
             stats = strategy.step(loss_fn, mbs)
+            dog.step(step + 1)
             totals.add(stats)
             if is_lead:
                 epoch, _ = sampler.position(step)
@@ -136,12 +139,15 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset) -> dict | None:
             checkpoint.save(ckpt_path, ctl, strategy, at, sampler.steps_per_epoch, config)
             done = at
         strategy.serve()
+        strategy.finish()
     wall = time.perf_counter() - t0
     if cfg.checkpoint:
         checkpoint.save(ckpt_path, ctl, strategy, total, sampler.steps_per_epoch, config)
     test_loss, test_acc = evaluate(model, dataset) if strategy.is_worker else (None, None)
+    # A dedicated server takes no steps; its traffic is kept by the strategy itself.
+    sent = totals.bytes_sent if strategy.is_worker else getattr(strategy, "server_totals", {}).get("bytes_sent", 0)
     mine = {"worker": strategy.is_worker, "compute_s": totals.compute_s, "comm_s": totals.comm_s,
-            "bytes": totals.bytes_sent, "opt": strategy.optimizer_state_bytes(), "steps": totals.steps,
+            "bytes": sent, "opt": strategy.optimizer_state_bytes(), "steps": totals.steps,
             "loss": totals.loss, "test_loss": test_loss, "test_acc": test_acc, "wall": wall}
     everyone = ctl.gather(mine, root=lead)
     comm.close()
@@ -180,9 +186,11 @@ def main(argv=None) -> int:
     set_threads(world)
     ctl = world.comm.Dup()     # the loop's own messages never match a strategy's
     dataset = load(cfg.data, cfg.seq_len)
+    # A stuck collective or a silent rank ends the job with a report instead of a hang.
+    dog = Watchdog(world, timeout=cfg.timeout).start()
     mine = {}
     for dp in cfg.dp_list:
-        row = train_one(cfg, dp, world, ctl, dataset)
+        row = train_one(cfg, dp, world, ctl, dataset, dog)
         if row is not None:
             mine[dp] = row
     # Each strategy's lead worker holds its row (a server may be rank 0): collect them.
@@ -193,6 +201,7 @@ def main(argv=None) -> int:
               f"{cfg.optimizer} lr {cfg.lr:g}")
         print(report.table(rows))
         print(report.LEGEND if len(rows) > 1 or not cfg.quiet else "", flush=True)
+    dog.stop()
     ctl.Free()
     return 0
 

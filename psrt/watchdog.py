@@ -49,7 +49,7 @@ class Watchdog:
         on_stall: called with the report instead of aborting (for tests and embedding).
     """
 
-    def __init__(self, world, comms=(), timeout: float | None = None, interval: float = 0.5,
+    def __init__(self, world, comms=(), timeout: float | None = None, interval: float = 2.0,
                  on_stall=None):
         self.world = world
         self.timeout = timeout if timeout is not None else timeout_from_env()

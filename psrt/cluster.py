@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from psrt.errors import PsrtError, cli_main
+from psrt.errors import ArgumentParser, PsrtError, cli_main
 from psrt.launcher import (find_mpirun, is_local, mpi_flavour, parse_hostfile, parse_hosts,
                            plan_mpirun, run_job)
 
@@ -436,8 +436,8 @@ def _cluster_from(args) -> Cluster:
     return Cluster(tuple(h.name for h in hosts), args.subnet, args.rate, args.delay)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m psrt.cluster",
+def _parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m psrt.cluster",
                                 description="Emulate a cluster with network namespaces (root).")
     sub = p.add_subparsers(dest="action", required=True)
 

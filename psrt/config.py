@@ -8,6 +8,7 @@ built, with a one-line message that names the flag.
 from __future__ import annotations
 
 import argparse
+import math
 import dataclasses
 import typing
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from psrt.collectives import ALL_ALGORITHMS
 from psrt.data import DATASETS
 from psrt.dp import STRATEGIES
 from psrt.dp.ddp import COMPRESS
-from psrt.errors import PsrtError
+from psrt.errors import ArgumentParser, PsrtError
 from psrt.models import MODELS
 
 OPTIMIZERS = ("sgd", "adam")
@@ -105,8 +106,11 @@ class TrainConfig:
             raise PsrtError(f"--bucket-mb {self.bucket_mb}: must be positive", everywhere=True)
         if self.lr is None:
             self.lr = DEFAULT_LR[self.optimizer]
-        if not self.lr > 0:
-            raise PsrtError(f"--lr {self.lr}: must be positive", everywhere=True)
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise PsrtError(f"--lr {self.lr}: must be a positive finite number", everywhere=True)
+        for name in ("momentum", "weight_decay", "bucket_mb"):
+            if not math.isfinite(getattr(self, name)):
+                raise PsrtError(f"{flag(name)} {getattr(self, name)}: must be finite", everywhere=True)
         if self.data is None:
             self.data = "text" if self.model == "transformer" else "digits"
         if (self.model == "transformer") != (self.data == "text"):
@@ -137,20 +141,13 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises PsrtError (one line, exit 2 via cli_main) instead of printing usage."""
-
-    def error(self, message: str):
-        raise PsrtError(f"{message} (see --help)", everywhere=True)
-
-
 def _base_type(hint):
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     return args[0] if args else hint
 
 
 def build_parser(prog: str = "python -m psrt.train") -> argparse.ArgumentParser:
-    parser = _Parser(prog=prog, description="Train a model with data parallelism over MPI ranks "
+    parser = ArgumentParser(prog=prog, description="Train a model with data parallelism over MPI ranks "
                      "(run it under mpirun; one process works too).",
                      epilog="example: mpirun -np 4 python -m psrt.train --dp ps,ring --model cnn")
     hints = typing.get_type_hints(TrainConfig)

@@ -1,6 +1,7 @@
 """Errors that speak to the user, and the guard that turns them into one line and exit 2."""
 from __future__ import annotations
 
+import argparse
 import functools
 import os
 import sys
@@ -22,6 +23,18 @@ class PsrtError(Exception):
 
 class CollectiveMismatch(PsrtError):
     """Ranks called a collective with arguments that do not agree."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors are a PsrtError (one line, exit 2 through cli_main) instead of
+    usage lines; sub-command parsers made from it behave the same."""
+
+    def error(self, message: str):
+        raise PsrtError(f"{self.prog}: {message} (see --help)", everywhere=True)
+
+    def add_subparsers(self, **kwargs):
+        kwargs.setdefault("parser_class", ArgumentParser)
+        return super().add_subparsers(**kwargs)
 
 
 def _rank_from_env() -> int | None:

@@ -8,14 +8,13 @@ rank 0 then prints a summary of the layout and the slowest rank's allreduce time
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import statistics
 import sys
 import time
 
-from psrt.errors import PsrtError, cli_main
+from psrt.errors import ArgumentParser, PsrtError, cli_main
 
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9,
           "ki": 2**10, "mi": 2**20, "gi": 2**30}
@@ -108,7 +107,7 @@ def _say(line: str) -> None:
 
 @cli_main("psrt.info")
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m psrt.info", description=__doc__.split("\n")[0])
+    p = ArgumentParser(prog="python -m psrt.info", description=__doc__.split("\n")[0])
     p.add_argument("--allreduce", metavar="BYTES", type=parse_size,
                    help="time an allreduce of this many bytes of float32 (e.g. 16MiB)")
     p.add_argument("--iters", type=int, default=5, help="timed allreduce runs (default 5)")

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from psrt.errors import PsrtError, cli_main
+from psrt.errors import ArgumentParser, PsrtError, cli_main
 from psrt.hostfile import (Host, hostfile_syntax, is_local,
                            parse_hostfile, parse_hosts, slots_of)
 
@@ -335,8 +335,8 @@ def local_mpirun_prefix(np_: int, mpirun: str = "mpirun") -> list[str]:
 
 # --- mpi_launch ---------------------------------------------------------------------------------
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def _parser() -> ArgumentParser:
+    p = ArgumentParser(
         prog="mpi_launch",
         description="Start a command on N MPI ranks with mpirun (Open MPI, MPICH) or srun.",
         epilog="example: mpi_launch -np 4 python -m psrt.info --allreduce 16MiB")

@@ -17,7 +17,7 @@ import time
 import torch
 
 import psrt
-from psrt import checkpoint, report
+from psrt import checkpoint, faults, report
 from psrt.config import TrainConfig, parse_args
 from psrt.data import ShardedSampler, load
 from psrt.dp import strategy_class
@@ -84,12 +84,13 @@ class Totals:
         self.loss = s.loss
 
 
-def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog) -> dict | None:
+def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | None = None) -> dict | None:
     """Train with strategy `dp`; returns the summary row on the lead worker, else None."""
     if cfg.pp * cfg.tp != 1:   # model parallelism: psrt/train_hybrid.py
         return train_hybrid(cfg, dp, world, ctl, dataset, make_optimizer_factory(cfg), evaluate, summarize)
     comm = psrt.Communicator(world.comm, algorithm="auto")
-    dog.watch(comm)
+    if dog is not None:
+        dog.watch(comm)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, dataset, cfg.width, cfg.layers)
     strategy = strategy_class(dp)(model, make_optimizer_factory(cfg), comm, **strategy_options(cfg))
@@ -120,7 +121,8 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog) -> 
         for step in range(start, total):
             mbs = [(x_all[i], y_all[i]) for i in sampler.microbatches(step)]
             stats = strategy.step(loss_fn, mbs)
-            dog.step(step + 1)
+            if dog is not None:
+                dog.step(step + 1)
             totals.add(stats)
             if is_lead:
                 epoch, _ = sampler.position(step)
@@ -183,6 +185,7 @@ def main(argv=None) -> int:
     cfg = parse_args(argv)
     check_paths(cfg)
     world = psrt.init()
+    faults.install("psrt.train")
     set_threads(world)
     ctl = world.comm.Dup()     # the loop's own messages never match a strategy's
     dataset = load(cfg.data, cfg.seq_len)

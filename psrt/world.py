@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import zlib
 from dataclasses import dataclass, field
 
@@ -79,6 +80,19 @@ def detect_launcher(env=os.environ) -> str:
     return "single"
 
 
+def _check_env(env=os.environ) -> None:
+    """Refuse malformed PSRT_* settings at start-up, not when they are first used."""
+    aware = env.get("PSRT_CUDA_AWARE")
+    if aware is not None and aware not in ("0", "1"):
+        raise PsrtError(f"PSRT_CUDA_AWARE must be 0 or 1, got {aware!r}", everywhere=True)
+    segment = env.get("PSRT_RING_SEGMENT")
+    if segment is not None and not (segment.isdigit() and int(segment) >= 1):
+        raise PsrtError(f"PSRT_RING_SEGMENT={segment!r}: expected a positive number of bytes", everywhere=True)
+    check = env.get("PSRT_CHECK")
+    if check is not None and check not in ("all", "cheap", "off"):
+        raise PsrtError(f"PSRT_CHECK={check!r}: expected all, cheap or off", everywhere=True)
+
+
 def _env_world_size(env=os.environ) -> int | None:
     """World size the launcher announced, if any (used to catch a mismatched MPI)."""
     for key in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS", "HOROVOD_SIZE",
@@ -117,6 +131,10 @@ def init(comm=None, export_env: bool = True) -> World:
     """
     from mpi4py import MPI
 
+    if sys.excepthook is sys.__excepthook__:   # leave a hook the program installed alone
+        from psrt import faults
+        faults.install()   # an exception on one rank ends the job instead of hanging it
+    _check_env()
     parent = MPI.COMM_WORLD if comm is None else comm
     launcher = detect_launcher()
     announced = _env_world_size()

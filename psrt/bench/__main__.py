@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 
-from psrt.errors import PsrtError, cli_main
+from psrt.errors import ArgumentParser, PsrtError, cli_main
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
 
@@ -161,7 +161,7 @@ def crossovers(rows: list[dict], tie: float = 0.15) -> list[tuple[int, str]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m psrt.bench", description=__doc__,
+    ap = ArgumentParser(prog="python -m psrt.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     c = sub.add_parser("collectives", help="time, algbw, busbw per algorithm and size (run under mpirun)")
@@ -192,9 +192,31 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def check_args(args) -> None:
+    """Refuse values that would crash or never end, in one line each."""
+    def need(ok: bool, text: str):
+        if not ok:
+            raise PsrtError(text, everywhere=True)
+    need(args.repeats >= 1, f"--repeats {args.repeats}: must be at least 1")
+    need(args.step >= 2, f"--step {args.step}: the size multiplier must be at least 2")
+    if args.command == "collectives":
+        need(args.warmup >= 0, f"--warmup {args.warmup}: must not be negative")
+        if args.algorithms:
+            from psrt.bench.collectives import PEERS
+            from psrt.collectives import ALL_ALGORITHMS
+            bad = [a for a in args.algorithms.split(",") if a not in ALL_ALGORITHMS + PEERS]
+            need(not bad, f"--algorithms {args.algorithms}: unknown {', '.join(bad)} "
+                          f"(choose from {', '.join(ALL_ALGORITHMS + PEERS)})")
+    else:
+        parts = args.np.split(",")
+        need(all(p.strip().isdigit() and int(p) >= 1 for p in parts),
+             f"--np {args.np}: expected world sizes of at least 1, e.g. 2,4,8")
+
+
 @cli_main("psrt.bench")
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    check_args(args)
     if args.command == "collectives":
         return run_collectives(args)
     return run_tune(args)

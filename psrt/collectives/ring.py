@@ -19,12 +19,22 @@ from mpi4py import MPI
 
 from psrt.collectives.layout import offsets
 from psrt.collectives.p2p import TAG_RING, scratch
+from psrt.errors import PsrtError
 from psrt.transport import msg, reduce_into
 
 # Segment size.  Over shared memory and TCP, Open MPI progresses transfers only inside MPI
 # calls, so small segments buy little overlap and cost per-message overhead: 4 MiB measured
 # best here (64 KiB to 1 GiB swept at N=2).  PSRT_RING_SEGMENT (bytes) overrides.
-SEGMENT_BYTES = int(os.environ.get("PSRT_RING_SEGMENT", 1 << 22))
+DEFAULT_SEGMENT_BYTES = 1 << 22
+
+
+def segment_bytes() -> int:
+    text = os.environ.get("PSRT_RING_SEGMENT")
+    if text is None:
+        return DEFAULT_SEGMENT_BYTES
+    if not text.isdigit() or int(text) < 1:
+        raise PsrtError(f"PSRT_RING_SEGMENT={text!r}: expected a positive number of bytes", everywhere=True)
+    return int(text)
 
 
 def _segments(start: int, stop: int, seg: int):
@@ -32,7 +42,7 @@ def _segments(start: int, stop: int, seg: int):
 
 
 def reduce_scatter(comm, buf: torch.Tensor, counts: list[int], op: str,
-                   segment_bytes: int = SEGMENT_BYTES, src: torch.Tensor | None = None) -> None:
+                   segment: int | None = None, src: torch.Tensor | None = None) -> None:
     """On return buf[off[r]:off[r+1]] holds the reduction of every rank's chunk r.
 
     In place by default.  With `src`, this rank's values are read from src and buf needs no
@@ -47,7 +57,7 @@ def reduce_scatter(comm, buf: torch.Tensor, counts: list[int], op: str,
         return
     off = offsets(counts)
     right, left = (r + 1) % n, (r - 1) % n
-    seg = max(1, segment_bytes // buf.element_size())
+    seg = max(1, (segment or segment_bytes()) // buf.element_size())
     tmp = scratch(buf, min(max(counts), seg * 64) if max(counts) else 0)
     for step in range(n - 1):
         send_c, recv_c = (r - step - 1) % n, (r - step - 2) % n
@@ -67,7 +77,7 @@ def reduce_scatter(comm, buf: torch.Tensor, counts: list[int], op: str,
         MPI.Request.Waitall(sends)
 
 
-def allgather(comm, buf: torch.Tensor, counts: list[int], segment_bytes: int = SEGMENT_BYTES) -> None:
+def allgather(comm, buf: torch.Tensor, counts: list[int]) -> None:
     """In place: rank r's chunk r is passed around the ring until every rank has all chunks."""
     n, r = comm.size, comm.rank
     if n == 1:

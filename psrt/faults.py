@@ -1,0 +1,70 @@
+"""Fail fast: an uncaught exception on one rank ends the whole job, with one line naming it.
+
+Without this, a rank whose Python code raises prints a traceback and then, on its way out,
+calls MPI_Finalize, which waits for the other ranks; they in turn wait in a collective for
+the dead rank, so the job hangs until someone kills it.  `install()` replaces
+`sys.excepthook` on this process: the exception becomes one line on stderr,
+
+    [rank 3] psrt: error: RuntimeError: loss is nan (train.py:88)
+
+and, when MPI runs with more than one rank, MPI_Abort ends every rank (MPI 4.1 sec. 9.5).
+A PsrtError is printed the same way as psrt.errors.cli_main prints it.  PSRT_TRACEBACK=1 also
+prints the full traceback (for debugging) before aborting.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+from psrt.errors import report
+
+def describe(err: BaseException) -> str:
+    """`Type: message (file:line)` of where `err` was raised, on one line."""
+    from psrt.errors import PsrtError
+    if isinstance(err, PsrtError):
+        return str(err)
+    where = ""
+    tb = traceback.extract_tb(err.__traceback__) if err.__traceback__ else []
+    if tb:
+        frame = tb[-1]
+        where = f" ({os.path.basename(frame.filename)}:{frame.lineno})"
+    return f"{type(err).__name__}: {err}{where}"
+
+
+def _abort(code: int) -> None:
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        if mpi.COMM_WORLD.Get_size() > 1:
+            sys.stderr.flush()
+            mpi.COMM_WORLD.Abort(code)
+
+
+def excepthook(kind, err, tb, prog: str = "psrt") -> None:
+    if issubclass(kind, KeyboardInterrupt):
+        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+        _abort(130)
+        return
+    if os.environ.get("PSRT_TRACEBACK") == "1":
+        traceback.print_exception(kind, err, tb)
+    if err.__traceback__ is None:
+        err = err.with_traceback(tb)
+
+    class _Line(Exception):
+        everywhere = False
+    report(_Line(describe(err)), prog)
+    code = getattr(err, "exit_code", 1)
+    _abort(code)
+    # One rank (or MPI not started): leave with the code now, without running MPI_Finalize.
+    os._exit(code)
+
+
+def install(prog: str = "psrt") -> None:
+    """Install the hook on this process (calling it again only renames the program).
+    psrt.init installs it; an entry point may call it again with its own name."""
+    sys.excepthook = lambda kind, err, tb: excepthook(kind, err, tb, prog)
+
+
+def uninstall() -> None:
+    """Back to Python's own hook."""
+    sys.excepthook = sys.__excepthook__

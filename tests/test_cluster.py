@@ -355,3 +355,34 @@ def test_delay_needs_netem(names):
         assert "netem" in qdisc and "delay 1ms" in qdisc
     finally:
         C.down(cluster)
+
+
+@netns
+@needs_openmpi
+@pytest.mark.parametrize("mode", ["kill", "raise"])
+def test_dead_rank_on_the_second_host_ends_the_job(names, tmp_path, mode):
+    """A rank on the second emulated host dies (SIGKILL) or raises while the others wait in
+    an allreduce: the whole job ends, non-zero, and no rank's process is left on either host."""
+    hosts, subnet = names(2)
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(f"{hosts[0]} slots=2\n{hosts[1]} slots=2\n")
+    cluster = C.Cluster(hosts, subnet)
+    env = C.job_env(cluster, "openmpi4", os.environ)
+    env.update(OMP_NUM_THREADS="1")
+    tag = f"psrt-orphan-{os.getpid()}-{mode}"
+    argv = ["mpirun", "-np", "4", "-hostfile", str(hostfile), sys.executable,
+            str(ROOT / "tests" / "mpi" / "fault_rank.py"), mode, "3", "0", tag]
+    with C.running(cluster):
+        t0 = time.monotonic()
+        out = subprocess.run(C.exec_argv(hosts[0], argv), env=env, capture_output=True, text=True,
+                             timeout=180, stdin=subprocess.DEVNULL)
+        elapsed = time.monotonic() - t0
+        time.sleep(1)
+        stray = subprocess.run(["pgrep", "-f", tag], capture_output=True, text=True).stdout.split()
+    assert_gone(cluster)
+    assert out.returncode != 0, out.stdout[-2000:]
+    assert "finished" not in out.stdout
+    assert elapsed < 90, elapsed     # start-up included; the fault itself is seen in seconds
+    assert not stray, stray
+    if mode == "raise":
+        assert out.stderr.count("injected failure in user code") == 1, out.stderr[-3000:]

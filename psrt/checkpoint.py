@@ -13,6 +13,8 @@ data.ShardedSampler.position), and are stored as well for the reader's benefit.
 """
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import tempfile
 
@@ -39,6 +41,11 @@ def atomic_save(obj, path: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    # Temp files of earlier writes that were killed half-way (SIGKILL skips the clean-up
+    # above).  One process writes a given path, so no other write can be in flight here.
+    for stale in glob.glob(os.path.join(directory, glob.escape("." + os.path.basename(path)) + ".*.tmp")):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(stale)
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

@@ -135,3 +135,14 @@ def test_interrupted_write_in_process_cleans_up(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert os.listdir(tmp_path) == ["ckpt.pt"]
     assert torch.load(path, weights_only=True) == {"step": 1}
+
+
+def test_stale_temp_files_of_killed_writes_are_removed(tmp_path):
+    from psrt.checkpoint import atomic_save
+    target = tmp_path / "ckpt.pt"
+    stale = tmp_path / ".ckpt.pt.abc123.tmp"          # what a SIGKILL mid-write leaves
+    stale.write_bytes(b"half a checkpoint")
+    other = tmp_path / ".other.pt.abc123.tmp"          # another file's temp: not ours to remove
+    other.write_bytes(b"x")
+    atomic_save({"w": 1}, str(target))
+    assert target.exists() and not stale.exists() and other.exists()

@@ -29,11 +29,12 @@ class Progress:
         self.every = max(1, self.total // 10)
         self.start = time.perf_counter()
 
-    def update(self, done: int, loss: float) -> None:
+    def update(self, done: int, note: str = "") -> None:
+        """Show that `done` of `total` units are finished; `note` says what was just done."""
         if not self.enabled:
             return
         rate = done / max(time.perf_counter() - self.start, 1e-9)
-        text = f"{self.label}: step {done}/{self.total} loss {loss:.4f} {rate:.1f} step/s"
+        text = f"{self.label}: {done}/{self.total} {note} {rate:.1f}/s".replace("  ", " ")
         if self.tty:
             width = 24
             fill = int(width * done / self.total)

@@ -129,7 +129,7 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
                 metrics.write({"dp": dp, "step": step + 1, "epoch": epoch, "loss": report.finite(stats.loss),
                                "compute_s": stats.compute_s, "comm_s": stats.comm_s,
                                "bytes_sent": stats.bytes_sent, "time_s": time.perf_counter() - t0})
-                progress.update(step + 1 - start, stats.loss)
+                progress.update(step + 1 - start, f"loss {stats.loss:.4f}")
             if step + 1 in saves:
                 checkpoint.save(ckpt_path, ctl, strategy, step + 1, sampler.steps_per_epoch, config)
         strategy.finish()

@@ -58,7 +58,7 @@ def train_hybrid(cfg, dp: str, world, ctl, dataset, make_optimizer, evaluate, su
                            "loss": report.finite(stats.loss), "compute_s": stats.compute_s,
                            "comm_s": stats.comm_s, "bytes_sent": stats.bytes_sent,
                            "bubble": stats.extra.get("bubble"), "time_s": time.perf_counter() - t0})
-            progress.update(step + 1, stats.loss)
+            progress.update(step + 1, f"loss {stats.loss:.4f}")
     wall = time.perf_counter() - t0
     state = trainer.dense_state_dict()          # the whole model on grid rank 0
     mine = {"worker": True, "compute_s": compute, "comm_s": comm, "bytes": sent, "opt": 0,

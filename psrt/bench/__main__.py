@@ -37,6 +37,7 @@ def run_collectives(args) -> int:
     import psrt
     from psrt.bench import collectives as cb
     from psrt.bench import report
+    from psrt.report import Progress
 
     world = psrt.init()
     sizes = _sizes(args)
@@ -54,12 +55,12 @@ def run_collectives(args) -> int:
     if bad:
         raise PsrtError(f"--collective {','.join(bad)}: choose from {', '.join(COLLECTIVES)}", everywhere=True)
     plan = [(c, s) for c in args.collective.split(",") for s in sizes]
-    progress = report.Progress(len(plan), f"bench np={world.size}", enabled=world.rank == 0 and not args.quiet)
+    progress = Progress(len(plan), f"bench np={world.size}", enabled=world.rank == 0 and not args.quiet)
     points = []
-    for coll, size in plan:
+    for i, (coll, size) in enumerate(plan, 1):
         points += cb.measure(comm, coll, cb.algorithms_for(coll, wanted, torch_ready), size, dtype,
                              warmup=args.warmup, repeats=args.repeats)
-        progress.update(f"{coll} {report.fmt_bytes(size)}")
+        progress.update(i, f"{coll} {report.fmt_bytes(size)}")
     # one table block per algorithm reads best: sort by collective, algorithm order, size
     order = {a: i for i, a in enumerate(dict.fromkeys(p.algorithm for p in points))}
     rows = [p.row() for p in sorted(points, key=lambda p: (p.collective, order[p.algorithm], p.nbytes))]

@@ -69,26 +69,3 @@ def plot_busbw(rows: list[dict], path, title: str) -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
-
-
-class Progress:
-    """A one-line progress display on stderr (rank 0 only; plain lines when not a terminal)."""
-
-    def __init__(self, total: int, label: str, enabled: bool = True):
-        self.total, self.label, self.done = max(total, 1), label, 0
-        self.enabled = enabled
-        self.tty = sys.stderr.isatty()
-
-    def update(self, what: str = "") -> None:
-        self.done += 1
-        if not self.enabled:
-            return
-        frac = self.done / self.total
-        if self.tty:
-            bar = "#" * int(frac * 30)
-            sys.stderr.write(f"\r{self.label} [{bar:<30}] {self.done}/{self.total} {what[:40]:<40}")
-            if self.done == self.total:
-                sys.stderr.write("\n")
-        elif self.done == self.total or self.done % max(self.total // 10, 1) == 0:
-            sys.stderr.write(f"{self.label}: {self.done}/{self.total} {what}\n")
-        sys.stderr.flush()

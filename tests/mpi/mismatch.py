@@ -34,4 +34,9 @@ for name, call in cases.items():
     comm.close()
 # cheap mode lets a later disagreement of an already-checked collective through the check;
 # that is what the 'all' mode is for (the watchdog covers the hang it may cause).
-print("PSRT-RESULT " + json.dumps({"rank": r, "results": results}), flush=True)
+# Long lines from several ranks can be cut and interleaved by mpirun's output forwarding:
+# rank 0 alone prints, one record per rank.
+everyone = world.comm.gather(results, root=0)
+if r == 0:
+    for rank, res in enumerate(everyone):
+        print("PSRT-RESULT " + json.dumps({"rank": rank, "results": res}), flush=True)

@@ -107,7 +107,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-LEGEND = ("compute s / comm s: per worker, averaged; comm s is time blocked in communication "
-          "(not hidden by overlap).  sent/rank: bytes each worker put on the wire (mean), max "
-          "sent: the busiest rank (a parameter server).  opt state/rank: optimizer-state "
-          "tensors on the rank holding the most.")
+LEGEND = """\
+compute s, comm s: per worker, mean; comm s is time blocked in communication (not hidden by overlap)
+sent/rank: bytes a worker put on the wire, mean over workers; max sent: the busiest rank (a server)
+opt state/rank: bytes of optimizer-state tensors on the rank holding the most"""

@@ -200,10 +200,13 @@ def main(argv=None) -> int:
     found = ctl.gather(mine, root=0)
     if ctl.rank == 0:
         rows = [next(f[dp] for f in found if dp in f) for dp in cfg.dp_list]
-        print(f"\n{cfg.model} on {cfg.data}: global batch {cfg.batch_size}, {world.size} ranks, "
+        print(f"\n{cfg.model} on {cfg.data}: global batch {cfg.batch_size}, {world.size} "
+              f"rank{'s' * (world.size != 1)}, "
               f"{cfg.optimizer} lr {cfg.lr:g}")
         print(report.table(rows))
-        print(report.LEGEND if len(rows) > 1 or not cfg.quiet else "", flush=True)
+        if not cfg.quiet:
+            print(report.LEGEND)
+        sys.stdout.flush()
     dog.stop()
     ctl.Free()
     return 0

@@ -157,7 +157,8 @@ class DDP(DataParallel):
                        for b, bucket in enumerate(self.buckets) for i, p in enumerate(bucket.params)]
 
     def _prepare_backend(self) -> None:
-        """Hook for reducers that need more set-up (TorchDDP joins torch.distributed)."""
+        if self.algorithm == "torch":
+            ensure_torch_distributed(self.comm, self.model)
 
     # ------------------------------------------------------------------ gradient sync
     def _hook(self, b: int, i: int):
@@ -287,14 +288,17 @@ class TorchDDP(DDP):
     """Buckets all-reduced by torch.distributed (gloo on CPU, nccl on GPU)."""
     name, default_algorithm = "torch", "torch"
 
-    def _prepare_backend(self) -> None:
-        import torch.distributed as dist
-        if dist.is_initialized():
-            return
-        if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
-            raise PsrtError("--dp torch needs torch.distributed: call psrt.init() (which exports "
-                            "MASTER_ADDR/MASTER_PORT) or psrt.init_torch_distributed(world) first")
-        from datetime import timedelta
-        backend = "nccl" if next(self.model.parameters()).is_cuda else "gloo"
-        dist.init_process_group(backend, init_method="env://", rank=self.comm.rank,
-                                world_size=self.comm.size, timeout=timedelta(seconds=300))
+
+def ensure_torch_distributed(comm, model) -> None:
+    """Join torch.distributed (gloo on CPU, nccl for CUDA models) if nobody has yet, using the
+    rendezvous psrt.init() exported (MASTER_ADDR/MASTER_PORT)."""
+    import torch.distributed as dist
+    if dist.is_initialized():
+        return
+    if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+        raise PsrtError("the 'torch' reducer needs torch.distributed: call psrt.init() (which exports "
+                        "MASTER_ADDR/MASTER_PORT) or psrt.init_torch_distributed(world) first")
+    from datetime import timedelta
+    backend = "nccl" if next(model.parameters()).is_cuda else "gloo"
+    dist.init_process_group(backend, init_method="env://", rank=comm.rank, world_size=comm.size,
+                            timeout=timedelta(seconds=300))

@@ -20,8 +20,9 @@ import time
 
 import torch
 
+from psrt.collectives import ALGORITHMS
 from psrt.dp.base import DataParallel, StepStats, wire_bytes
-from psrt.dp.ddp import COMPRESS, broadcast_model
+from psrt.dp.ddp import COMPRESS, broadcast_model, ensure_torch_distributed
 from psrt.errors import PsrtError
 
 
@@ -42,6 +43,12 @@ class ZeroOptimizer(DataParallel):
         if compress not in COMPRESS:
             raise PsrtError(f"--compress {compress!r}: choose one of {', '.join(COMPRESS)}", everywhere=True)
         self.algorithm = algorithm or "ring"
+        usable = [a for a in ALGORITHMS["reduce_scatter"] if a in ALGORITHMS["allgather"]]
+        if self.algorithm not in usable + ["auto"]:
+            raise PsrtError(f"--algorithm {self.algorithm}: --dp zero needs a reduce-scatter and "
+                            f"all-gather algorithm: one of auto, {', '.join(usable)}", everywhere=True)
+        if self.algorithm == "torch":
+            ensure_torch_distributed(comm, model)
         self.wire_dtype = COMPRESS[compress]
         broadcast_model(model, comm)
         self.params = [p for p in model.parameters() if p.requires_grad]

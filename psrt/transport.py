@@ -48,8 +48,15 @@ def np_view(t: torch.Tensor) -> np.ndarray:
 def msg(t: torch.Tensor):
     """An mpi4py message spec for a contiguous tensor (CPU view or CUDA tensor)."""
     if t.is_cuda:
+        sync_cuda(t)
         return [t, t.numel() * t.element_size(), _mpi().BYTE]
     return np_view(t)
+
+
+def sync_cuda(t: torch.Tensor) -> None:
+    """MPI does not see CUDA streams: the kernels that wrote t must finish before the library
+    touches its memory.  Called wherever a CUDA buffer is handed to MPI."""
+    torch.cuda.current_stream(t.device).synchronize()
 
 
 def _mpi():
@@ -157,12 +164,9 @@ def _library_cuda_aware() -> bool:
 
 
 class Staging:
-    """Decides how a tensor reaches MPI and moves it back afterwards.
-
-    `enter(t)` returns a contiguous tensor MPI can use; `leave(result)` writes the result
-    into the user's tensor when they differ (non-contiguous input, or a CUDA tensor staged
-    through a pinned host buffer).  Pinned buffers are cached by byte size and reused.
-    """
+    """Where CUDA tensors meet MPI: whether they go direct (`direct_cuda`), the pinned host
+    buffers they are staged through otherwise (cached by dtype and size, reused), and
+    `from_mpi`, which writes a result back into the user's tensor when they differ."""
 
     def __init__(self, cuda_aware_mpi: bool | None = None):
         self._cuda_aware = cuda_aware_mpi
@@ -181,20 +185,6 @@ class Staging:
             buf = torch.empty(like.numel(), dtype=like.dtype, pin_memory=torch.cuda.is_available())
             self._pinned[key] = buf
         return buf
-
-    def to_mpi(self, t: torch.Tensor) -> torch.Tensor:
-        """A contiguous flat tensor with t's values that MPI can read and write."""
-        check_dtype(t)
-        if t.is_cuda:
-            # MPI does not see CUDA streams: the kernels that produced t must be finished
-            # before the library reads its memory.
-            torch.cuda.current_stream(t.device).synchronize()
-            if self.direct_cuda:
-                return t.contiguous().view(-1) if not t.is_contiguous() else t.view(-1)
-            host = self.host_buffer(t)
-            host.copy_(t.reshape(-1), non_blocking=False)
-            return host
-        return t.reshape(-1) if t.is_contiguous() else t.contiguous().view(-1)
 
     @staticmethod
     def from_mpi(flat: torch.Tensor, into: torch.Tensor) -> torch.Tensor:

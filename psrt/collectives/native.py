@@ -9,13 +9,14 @@ import torch
 from mpi4py import MPI
 
 from psrt.collectives.layout import offsets
-from psrt.transport import mpi_op, msg, np_view
+from psrt.transport import mpi_op, msg, np_view, sync_cuda
 
 
 def _typed(buf: torch.Tensor, op: str):
     """(message spec, MPI op) for a reduction of buf."""
     mop, dtype = mpi_op(op, buf.dtype)
     if buf.is_cuda:
+        sync_cuda(buf)
         return [buf, buf.numel(), dtype], mop
     return [np_view(buf), buf.numel(), dtype], mop
 

@@ -15,7 +15,7 @@ test: install
 	bash scripts/test.sh
 
 bench: install
-	./mpi_launch -np 2 $(PYTHON) -m psrt.bench collectives --max-size 64MiB --plot out/allreduce_np2.png --json out/allreduce_np2.json
+	$(PYTHON) -m psrt.bench suite --out out/bench
 
 tune: install
 	$(PYTHON) -m psrt.bench tune --np 2,4,8

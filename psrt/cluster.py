@@ -222,10 +222,11 @@ def _rate_bytes(rate: str) -> float:
     return float(value) * scale / (8 if unit.lower().endswith("bit") else 1)
 
 
-def _shape(cluster: Cluster, host: str) -> None:
-    """Shape what `host` sends: netem for a delay (rate included), tbf for a rate alone."""
-    dev = ["tc", "-n", host, "qdisc", "replace", "dev", IFACE, "root"]
-    if cluster.delay:
+def _shape(cluster: Cluster, host: str, iface: str = IFACE, delay: bool = True) -> None:
+    """Shape what leaves `iface` in namespace `host`: netem for a delay (rate included), tbf
+    for a rate alone (or where `delay` is False)."""
+    dev = ["tc", "-n", host, "qdisc", "replace", "dev", iface, "root"]
+    if cluster.delay and delay:
         extra = ["rate", cluster.rate] if cluster.rate else []
         out = _run(dev + ["netem", "delay", cluster.delay, "limit", "100000"] + extra,
                    f"shaping {host}", check=False)
@@ -234,9 +235,12 @@ def _shape(cluster: Cluster, host: str) -> None:
                             f"{' '.join(out.stderr.split())}")
     elif cluster.rate:
         # A burst of ~2 ms at line rate: small enough to hold the rate, large enough for
-        # the kernel timer (tbf needs burst >= rate / HZ).
+        # the kernel timer (tbf needs burst >= rate / HZ).  The queue holds 10 ms, a
+        # switch-sized buffer: deeper, and MPI's go-ahead messages wait behind bulk data
+        # (the ring's 2(N-1) steps each pay that wait); much shallower (2 ms), and seven
+        # senders into one server's port lose packets to incast and stall on TCP timeouts.
         burst = max(16384, int(_rate_bytes(cluster.rate) / 500))
-        _run(dev + ["tbf", "rate", cluster.rate, "burst", str(burst), "latency", "50ms"],
+        _run(dev + ["tbf", "rate", cluster.rate, "burst", str(burst), "latency", "10ms"],
              f"shaping {host}")
 
 
@@ -280,6 +284,12 @@ def _create(cluster: Cluster) -> None:
                        "netns", sw], f"linking {h} to the bridge")
             _run(ip + ["-n", sw, "link", "set", port, "master", "br0", "up"],
                  f"plugging {h} into the bridge")
+            # The switch port limits what the host receives, as the host's own eth0 limits
+            # what it sends: each host has a full-duplex link of the given rate, and N
+            # senders cannot push N x rate into one host (a server's link is its limit).
+            # The delay is the host's alone, so one hop costs it once, as with two hosts.
+            if cluster.rate:
+                _shape(cluster, sw, port, delay=False)
     prefix = ipaddress.ip_network(cluster.subnet).prefixlen
     for h in cluster.hosts:
         _run(ip + ["-n", h, "link", "set", "lo", "up"], f"starting {h}'s loopback")

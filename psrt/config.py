@@ -36,7 +36,8 @@ class TrainConfig:
                   "and compared side by side; one of " + ", ".join(STRATEGIES), "strategy", metavar="NAME[,NAME]")
     algorithm: str | None = opt(None, "collective algorithm of the gradient reducer (default: the "
                                 "strategy's own, e.g. ring for --dp ring)", "strategy", ALL_ALGORITHMS)
-    bucket_mb: float = opt(1.0, "gradient bucket size in MiB (ring, native, torch)", "strategy", metavar="MB")
+    bucket_mb: float = opt(25.0, "gradient bucket size in MiB (ring, native, torch); 25 as in PyTorch DDP",
+                           "strategy", metavar="MB")
     overlap: bool = opt(True, "all-reduce each bucket during backward, as soon as it is ready "
                         "(--no-overlap: after backward)", "strategy")
     compress: str = opt("none", "dtype communicated gradients travel in", "strategy", tuple(COMPRESS))

@@ -357,18 +357,24 @@ def test_delay_needs_netem(names):
         C.down(cluster)
 
 
-@netns
-@needs_openmpi
-@pytest.mark.parametrize("mode", ["kill", "raise"])
-def test_dead_rank_on_the_second_host_ends_the_job(names, tmp_path, mode):
-    """A rank on the second emulated host dies (SIGKILL) or raises while the others wait in
-    an allreduce: the whole job ends, non-zero, and no rank's process is left on either host."""
+def _pair(names, tmp_path):
+    """Two emulated hosts of two slots: (hosts, hostfile, cluster, job environment)."""
     hosts, subnet = names(2)
     hostfile = tmp_path / "hosts"
     hostfile.write_text(f"{hosts[0]} slots=2\n{hosts[1]} slots=2\n")
     cluster = C.Cluster(hosts, subnet)
     env = C.job_env(cluster, "openmpi4", os.environ)
     env.update(OMP_NUM_THREADS="1")
+    return hosts, hostfile, cluster, env
+
+
+@netns
+@needs_openmpi
+@pytest.mark.parametrize("mode", ["kill", "raise"])
+def test_dead_rank_on_the_second_host_ends_the_job(names, tmp_path, mode):
+    """A rank on the second emulated host dies (SIGKILL) or raises while the others wait in
+    an allreduce: the whole job ends, non-zero, and no rank's process is left on either host."""
+    hosts, hostfile, cluster, env = _pair(names, tmp_path)
     tag = f"psrt-orphan-{os.getpid()}-{mode}"
     argv = ["mpirun", "-np", "4", "-hostfile", str(hostfile), sys.executable,
             str(ROOT / "tests" / "mpi" / "fault_rank.py"), mode, "3", "0", tag]
@@ -386,3 +392,28 @@ def test_dead_rank_on_the_second_host_ends_the_job(names, tmp_path, mode):
     assert not stray, stray
     if mode == "raise":
         assert out.stderr.count("injected failure in user code") == 1, out.stderr[-3000:]
+
+
+@netns
+@pytest.mark.mpi
+@needs_openmpi
+def test_two_hosts_train_ps_and_ring(names, tmp_path):
+    """`mpirun -hostfile F python -m psrt.train --dp ps,ring` trains across the emulated
+    pair with its defaults (at -np 4 here; docs/training.md shows -np 8): both strategies
+    learn, and the server sends several times what a ring rank sends."""
+    hosts, hostfile, cluster, env = _pair(names, tmp_path)
+    metrics = tmp_path / "m.jsonl"
+    argv = ["mpirun", "-np", "4", "-hostfile", str(hostfile), sys.executable, "-m", "psrt.train",
+            "--dp", "ps,ring", "--quiet", "--metrics", str(metrics)]
+    with C.running(cluster):
+        out = subprocess.run(C.exec_argv(hosts[0], argv), env=env, capture_output=True, text=True,
+                             timeout=400, stdin=subprocess.DEVNULL)
+    assert_gone(cluster)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "4 ranks" in out.stdout
+    summary = {}
+    for dp in ("ps", "ring"):
+        lines = [json.loads(x) for x in (tmp_path / f"m.{dp}.jsonl").read_text().splitlines()]
+        summary[dp] = next(x for x in lines if x.get("summary"))
+        assert summary[dp]["workers"] == 4 and summary[dp]["test_acc"] > 0.85, summary[dp]
+    assert summary["ps"]["bytes_max_rank"] > 2 * summary["ring"]["bytes_max_rank"]

@@ -1,6 +1,11 @@
-"""`python -m psrt.bench`: measure psrt's collectives against the MPI library and torch.
+"""`python -m psrt.bench`: parameter server vs ring, against every peer, with the model.
 
+    python -m psrt.bench suite --out out/bench    # all of it: report.md, JSON, CSV, PNG
+    python -m psrt.bench suite --quick            # a small version, under a minute
     mpirun -np 4 python -m psrt.bench collectives --max-size 64MiB --json out/coll.json
+    mpirun -np 4 python -m psrt.bench training    # step time of every --dp strategy
+    mpirun -np 2 python -m psrt.bench pingpong    # one-way time and the alpha-beta fit
+    python -m psrt.bench network                  # shaped emulated hosts (root)
     python -m psrt.bench tune --np 2,4,8          # re-measure the table behind 'auto'
 """
 from __future__ import annotations
@@ -48,19 +53,27 @@ def run_collectives(args) -> int:
         psrt.init_torch_distributed(world)
         torch_ready = True
     comm = psrt.Communicator(world)
-    if wanted and cb.HOROVOD in wanted:
-        from psrt.dp.horovod import init_horovod
-        init_horovod(comm)
     bad = [c for c in args.collective.split(",") if c not in COLLECTIVES]
     if bad:
         raise PsrtError(f"--collective {','.join(bad)}: choose from {', '.join(COLLECTIVES)}", everywhere=True)
-    plan = [(c, s) for c in args.collective.split(",") for s in sizes]
+    # Horovod's background thread runs an MPI negotiation every cycle, even when idle, which
+    # slows every other algorithm measured beside it: Horovod is timed in a phase of its own,
+    # after the others, and shut down.
+    others = [a for a in wanted if a != cb.HOROVOD] if wanted else None
+    phases = [p for p in [others] if p is None or p] + ([[cb.HOROVOD]] if wanted and cb.HOROVOD in wanted else [])
+    plan = [(algos, c, s) for algos in phases for c in args.collective.split(",") for s in sizes
+            if cb.algorithms_for(c, algos, torch_ready)]
     progress = Progress(len(plan), f"bench np={world.size}", enabled=world.rank == 0 and not args.quiet)
-    points = []
-    for i, (coll, size) in enumerate(plan, 1):
-        points += cb.measure(comm, coll, cb.algorithms_for(coll, wanted, torch_ready), size, dtype,
+    points, hvd = [], None
+    for i, (algos, coll, size) in enumerate(plan, 1):
+        if algos == [cb.HOROVOD] and hvd is None:
+            from psrt.dp.horovod import init_horovod
+            hvd = init_horovod(comm)
+        points += cb.measure(comm, coll, cb.algorithms_for(coll, algos, torch_ready), size, dtype,
                              warmup=args.warmup, repeats=args.repeats)
         progress.update(i, f"{coll} {report.fmt_bytes(size)}")
+    if hvd is not None:
+        hvd.shutdown()
     # one table block per algorithm reads best: sort by collective, algorithm order, size
     order = {a: i for i, a in enumerate(dict.fromkeys(p.algorithm for p in points))}
     rows = [p.row() for p in sorted(points, key=lambda p: (p.collective, order[p.algorithm], p.nbytes))]
@@ -94,6 +107,109 @@ def run_collectives(args) -> int:
                           f"{args.collective.split(',')[0]}, N={world.size}, {args.dtype}")
     comm.close()
     return 1 if wrong else 0
+
+
+def run_pingpong(args) -> int:
+    """Ping-pong between the first and the last rank; prints and writes T(m) and the fit."""
+    import psrt
+    from psrt.bench import alpha_beta, pingpong, report
+
+    world = psrt.init()
+    if world.size < 2:
+        raise PsrtError("pingpong needs at least 2 ranks (mpirun -np 2 ...)", everywhere=True)
+    points = pingpong.pingpong(world.comm, _sizes(args), repeats=args.repeats)
+    if world.rank != 0:
+        return 0
+    try:
+        model = alpha_beta.fit(points)
+    except ValueError:
+        model = None
+    if not args.quiet:
+        print(f"# ping-pong, rank 0 ({world.hostname}) <-> rank {world.size - 1}: one-way time, median")
+        report.table([dict(p, size=report.fmt_bytes(p["nbytes"]), us=p["one_way_s"] * 1e6,
+                           mbs=p["nbytes"] / p["one_way_s"] / 1e6) for p in points],
+                     [("size", "size", ""), ("us", "one-way(us)", ".1f"), ("mbs", "MB/s", ".1f")])
+        if model:
+            print(f"# alpha = {model.alpha_s * 1e6:.1f} us, beta = {model.beta_s_per_byte * 1e9:.3f} ns/B "
+                  f"({model.bandwidth_bytes_s / 1e6:.1f} MB/s), r2 = {model.r2:.4f}")
+    if args.json:
+        report.write_json(args.json, {"meta": {"world_size": world.size, "host": world.hostname,
+                                               "mpi": _mpi_version()},
+                                      "points": points, "fit": model and vars(model)})
+    return 0
+
+
+def run_training(args) -> int:
+    """Step time of every strategy on one model, in one job (run under mpirun)."""
+    import psrt
+    from psrt.bench import report, training
+    from psrt.report import Progress
+
+    world = psrt.init()
+    names = training.available(args.dp.split(","))
+    if world.rank == 0 and len(names) < len(args.dp.split(",")) and not args.quiet:
+        print("psrt.bench: horovod is not installed, left out (scripts/install_horovod.sh)", file=sys.stderr)
+    progress = Progress(len(names) * (args.rounds + 1), f"training np={world.size}",
+                        enabled=world.rank == 0 and not args.quiet)
+    rows = training.measure(world, names, args.model, args.width, args.layers, args.batch,
+                            args.steps, args.rounds, bucket_mb=args.bucket_mb, progress=progress)
+    if world.rank != 0:
+        return 0
+    if not args.quiet:
+        print(f"# {args.model} ({rows[0]['params'] / 1e6:.2f} M parameters), {args.batch} samples per "
+              f"rank, N={world.size} on {world.num_nodes} host(s); step = median of {args.rounds} rounds "
+              f"of {args.steps} steps, slowest rank")
+        print_training(rows)
+    if args.json:
+        report.write_json(args.json, {"meta": {"world_size": world.size, "num_nodes": world.num_nodes,
+                                               "model": args.model, "width": args.width, "layers": args.layers,
+                                               "batch_per_rank": args.batch, "mpi": _mpi_version()},
+                                      "rows": rows})
+    return 0
+
+
+def print_training(rows: list[dict]) -> None:
+    from psrt.bench import report
+    report.table(rows, [("dp", "strategy", ""), ("ranks", "ranks", "d"), ("hosts", "hosts", "d"),
+                        ("step_s", "step(ms)", ".1f", 1e3), ("step_min_s", "fastest rank(ms)", ".1f", 1e3),
+                        ("samples_per_s", "samples/s", ".0f"), ("efficiency", "scaling eff.", ".0%"),
+                        ("vs_torch_ddp", "x torch DDP", ".2f")])
+
+
+def run_network(args) -> int:
+    """PS vs ring on emulated hosts with shaped links, measured and predicted (root)."""
+    from psrt.bench import network, report
+    if args.quick:
+        network.quicken(args)
+    payload = network.run(args)
+    payload["goals"] = network.goals(payload)
+    network.print_report(payload)
+    print_goals(payload["goals"])
+    if args.json:
+        report.write_json(args.json, payload)
+    if args.csv:
+        report.write_csv(args.csv, payload["rows"])
+    if args.plot:
+        network.plot(payload, args.plot)
+    return 1 if any(r["wrong"] for r in payload["rows"]) else 0
+
+
+def print_goals(goals: list[dict]) -> None:
+    for g in goals:
+        print(f"goal {status(g)}  {g['goal']}: {g['value']}")
+    sys.stdout.flush()
+
+
+def status(goal: dict) -> str:
+    return {True: "met", False: "MISSED", None: "n/a"}[goal["ok"]]
+
+
+def parse_size_arg(text: str) -> int:
+    from psrt.bench.collectives import parse_size
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        raise PsrtError(str(err)) from None
 
 
 def _mpi_version() -> str:
@@ -182,6 +298,55 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--csv", help="write points as CSV")
     c.add_argument("--plot", help="write a busbw-vs-size PNG")
     c.add_argument("--quiet", action="store_true")
+    pp = sub.add_parser("pingpong", help="one-way time between the first and last rank, and the "
+                        "alpha-beta fit (run under mpirun, one rank per host)")
+    pp.add_argument("--sizes", default=None, help="explicit comma list, e.g. 8,1MiB,16MiB")
+    pp.add_argument("--min-size", default="8")
+    pp.add_argument("--max-size", default="16MiB")
+    pp.add_argument("--step", type=int, default=4)
+    pp.add_argument("--repeats", type=int, default=5)
+    pp.add_argument("--json", help="write points and fit as JSON")
+    pp.add_argument("--quiet", action="store_true")
+    nw = sub.add_parser("network", help="ps vs ring on emulated hosts with shaped links, against the "
+                        "alpha-beta model (root; runs its own MPI jobs)")
+    nw.add_argument("--rates", default="1gbit,100mbit", help="link rates, tc syntax (comma list)")
+    nw.add_argument("--hosts", dest="hosts_text", default="2,4,8",
+                    help="host counts of one rank each (comma list, 2..64)")
+    nw.add_argument("--size", default="64MiB", help="all-reduce size at the fastest rate; slower "
+                    "rates get proportionally less, at least 1 MiB")
+    nw.add_argument("--no-two-nodes", dest="two_nodes", action="store_false",
+                    help="skip the 2 hosts x 4 ranks layout of hostfiles/two_nodes")
+    nw.add_argument("--no-floor", dest="floor", action="store_false",
+                    help="skip the unshaped runs that tell network-bound rows from CPU-bound ones")
+    nw.add_argument("--warmup", type=int, default=1)
+    nw.add_argument("--repeats", type=int, default=3)
+    nw.add_argument("--quick", action="store_true", help="1gbit, 2 and 8 hosts, 16 MiB, one repeat")
+    nw.add_argument("--json")
+    nw.add_argument("--csv")
+    nw.add_argument("--plot", help="PNG: time vs hosts, measured and predicted")
+    nw.add_argument("--quiet", action="store_true", help="no progress display")
+    tr = sub.add_parser("training", help="step time and samples/s of every --dp strategy on one model "
+                        "(run under mpirun)")
+    tr.add_argument("--dp", default="ps,ps-sharded,ring,native,torch,torch-ddp,horovod",
+                    help="strategies; torch-ddp is torch.nn.parallel.DistributedDataParallel")
+    tr.add_argument("--model", default="mlp", choices=["mlp", "cnn", "transformer"])
+    tr.add_argument("--width", type=int, default=1024)
+    tr.add_argument("--layers", type=int, default=2)
+    tr.add_argument("--batch", type=int, default=32, help="samples per rank per step (weak scaling)")
+    tr.add_argument("--steps", type=int, default=5, help="steps per timed round")
+    tr.add_argument("--bucket-mb", type=float, default=None,
+                    help="gradient bucket size of psrt's DDP strategies (default: theirs)")
+    tr.add_argument("--rounds", type=int, default=3)
+    tr.add_argument("--json")
+    tr.add_argument("--quiet", action="store_true")
+    su = sub.add_parser("suite", help="collectives, training and the network-bound regime in one run, "
+                        "with a Markdown report, JSON, CSV and plots (runs its own MPI jobs)")
+    su.add_argument("--out", default="out/bench", help="folder for report.md and the files")
+    su.add_argument("--np", default="2,4", help="world sizes on this host (comma list)")
+    su.add_argument("--parts", default=",".join(("collectives", "training", "network")),
+                    help="comma list of collectives, training, network")
+    su.add_argument("--quick", action="store_true", help="a small version of every part, under a minute")
+    su.add_argument("--quiet", action="store_true", help="no progress display")
     t = sub.add_parser("tune", help="measure crossovers and write the table behind algorithm='auto'")
     t.add_argument("--np", default="2,4,8", help="world sizes to measure (comma list)")
     t.add_argument("--collective", default=",".join(COLLECTIVES))
@@ -198,17 +363,44 @@ def check_args(args) -> None:
     def need(ok: bool, text: str):
         if not ok:
             raise PsrtError(text, everywhere=True)
-    need(args.repeats >= 1, f"--repeats {args.repeats}: must be at least 1")
-    need(args.step >= 2, f"--step {args.step}: the size multiplier must be at least 2")
-    if args.command == "collectives":
+    need(getattr(args, "repeats", 1) >= 1, f"--repeats {getattr(args, 'repeats', 1)}: must be at least 1")
+    need(getattr(args, "step", 2) >= 2, f"--step {getattr(args, 'step', 2)}: the size multiplier must be at least 2")
+    if args.command in ("collectives", "network"):
         need(args.warmup >= 0, f"--warmup {args.warmup}: must not be negative")
-        if args.algorithms:
-            from psrt.bench.collectives import PEERS
-            from psrt.collectives import ALL_ALGORITHMS
-            bad = [a for a in args.algorithms.split(",") if a not in ALL_ALGORITHMS + PEERS]
-            need(not bad, f"--algorithms {args.algorithms}: unknown {', '.join(bad)} "
-                          f"(choose from {', '.join(ALL_ALGORITHMS + PEERS)})")
-    else:
+    if args.command == "collectives" and args.algorithms:
+        from psrt.bench.collectives import PEERS
+        from psrt.collectives import ALL_ALGORITHMS
+        bad = [a for a in args.algorithms.split(",") if a not in ALL_ALGORITHMS + PEERS]
+        need(not bad, f"--algorithms {args.algorithms}: unknown {', '.join(bad)} "
+                      f"(choose from {', '.join(ALL_ALGORITHMS + PEERS)})")
+    elif args.command == "training":
+        from psrt.bench.training import PEER
+        from psrt.dp import STRATEGIES
+        bad = [d for d in args.dp.split(",") if d not in tuple(STRATEGIES) + (PEER,)]
+        need(not bad, f"--dp {','.join(bad)}: choose from {', '.join(tuple(STRATEGIES) + (PEER,))}")
+        for name in ("width", "layers", "batch", "steps", "rounds"):
+            need(getattr(args, name) >= 1, f"--{name} {getattr(args, name)}: must be at least 1")
+    elif args.command == "network":
+        from psrt.cluster import _RATE
+        args.rates = [r.strip() for r in args.rates.split(",")]
+        bad = [r for r in args.rates if not _RATE.match(r)]
+        need(not bad, f"--rates {','.join(bad)}: expected tc rates such as 1gbit,100mbit")
+        parts = args.hosts_text.split(",")
+        need(all(p.strip().isdigit() and 2 <= int(p) <= 64 for p in parts),
+             f"--hosts {args.hosts_text}: expected host counts from 2 to 64, e.g. 2,4,8")
+        args.host_counts = sorted({int(p) for p in parts})
+        args.size = parse_size_arg(args.size)
+        need(args.size >= 1 << 20, f"--size {args.size} B: the network regime needs at least 1 MiB")
+    elif args.command == "suite":
+        from psrt.bench.suite import PARTS
+        parts = args.np.split(",")
+        need(all(p.strip().isdigit() and 2 <= int(p) <= 64 for p in parts),
+             f"--np {args.np}: expected world sizes from 2 to 64, e.g. 2,4")
+        args.np = sorted({int(p) for p in parts})
+        args.parts = [p.strip() for p in args.parts.split(",")]
+        bad = [p for p in args.parts if p not in PARTS]
+        need(not bad, f"--parts {','.join(bad)}: choose from {', '.join(PARTS)}")
+    elif args.command == "tune":
         parts = args.np.split(",")
         need(all(p.strip().isdigit() and int(p) >= 1 for p in parts),
              f"--np {args.np}: expected world sizes of at least 1, e.g. 2,4,8")
@@ -220,6 +412,15 @@ def main(argv=None) -> int:
     check_args(args)
     if args.command == "collectives":
         return run_collectives(args)
+    if args.command == "pingpong":
+        return run_pingpong(args)
+    if args.command == "network":
+        return run_network(args)
+    if args.command == "training":
+        return run_training(args)
+    if args.command == "suite":
+        from psrt.bench import suite
+        return suite.run(args)
     return run_tune(args)
 
 

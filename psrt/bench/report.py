@@ -16,11 +16,12 @@ def fmt_bytes(n: int) -> str:
 
 
 def table(rows: list[dict], columns: list[tuple[str, str, str]], out=sys.stdout) -> None:
-    """Print rows as an aligned table; columns are (key, header, format spec)."""
-    cells = [[h for _, h, _ in columns]]
+    """Print rows as an aligned table; columns are (key, header, format spec[, scale])."""
+    columns = [tuple(c) + (1,) * (4 - len(c)) for c in columns]   # optional 4th: a scale
+    cells = [[c[1] for c in columns]]
     for r in rows:
-        cells.append([(format(r[k], f) if f and r.get(k) is not None else str(r.get(k, "")))
-                      for k, _, f in columns])
+        cells.append([("-" if r.get(k) is None else format(r[k] * scale, f) if f else str(r[k]))
+                      for k, _, f, scale in columns])
     widths = [max(len(c[i]) for c in cells) for i in range(len(columns))]
     for i, line in enumerate(cells):
         print("  ".join(c.rjust(w) for c, w in zip(line, widths)), file=out)
@@ -39,33 +40,53 @@ def write_csv(path, rows: list[dict]) -> None:
         return
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        # every key of every row, in first-seen order (rows of one file may differ a little)
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
         w.writeheader()
         w.writerows(rows)
 
 
-def plot_busbw(rows: list[dict], path, title: str) -> bool:
-    """busbw vs message size, one line per algorithm (log-log).  False if matplotlib is missing."""
+def panels(count: int = 1, width: float = 5.5, height: float = 4.0):
+    """(pyplot, figure, axes) for `count` plots side by side, or None without matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    fig, axes = plt.subplots(1, count, figsize=(width * count, height), squeeze=False)
+    return plt, fig, list(axes[0])
+
+
+def label(ax, title: str, xlabel: str, ylabel: str, log: bool = False) -> None:
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if not log:
+        ax.set_ylim(bottom=0)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def save(plt, fig, path) -> bool:
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_busbw(rows: list[dict], path, title: str) -> bool:
+    """busbw vs message size, one line per algorithm (log-log).  False if matplotlib is missing."""
+    made = panels(1, 7, 4.2)
+    if made is None:
         return False
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    plt, fig, (ax,) = made
     for algo in dict.fromkeys(r["algorithm"] for r in rows):
         pts = sorted((r["nbytes"], r["busbw_gbs"]) for r in rows if r["algorithm"] == algo)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=algo,
                 lw=2.2 if algo in ("ring", "native") else 1.2)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("bus bandwidth (GB/s)")
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    label(ax, title, "message size (bytes)", "bus bandwidth (GB/s)", log=True)
+    return save(plt, fig, path)

@@ -122,7 +122,8 @@ class DDP(DataParallel):
     """Data parallelism by all-reducing gradient buckets during backward.
 
     Options:
-        bucket_mb: bucket size in MiB (default 1).
+        bucket_mb: bucket size in MiB (default 25, PyTorch DDP's bucket_cap_mb: fewer, larger
+            collectives pay less latency; smaller buckets start earlier in backward).
         overlap: launch each bucket as soon as it is ready (default True); False reduces
             all buckets after backward, the baseline for measuring overlap.
         compress: "none", "fp16" or "bf16": the dtype gradients travel in.
@@ -132,7 +133,7 @@ class DDP(DataParallel):
     name = "ddp"
     default_algorithm = "ring"
 
-    def __init__(self, model, make_optimizer, comm, bucket_mb: float = 1.0, overlap: bool = True,
+    def __init__(self, model, make_optimizer, comm, bucket_mb: float = 25.0, overlap: bool = True,
                  compress: str = "none", algorithm: str | None = None, **options):
         super().__init__(model, make_optimizer, comm, **options)
         if compress not in COMPRESS:

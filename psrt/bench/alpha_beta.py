@@ -1,0 +1,106 @@
+"""The alpha-beta (Hockney) cost model: fit it to a ping-pong, predict PS and ring all-reduce.
+
+A message of m bytes costs alpha + m * beta (latency alpha, inverse bandwidth beta).  For a
+collective, the time is modelled as
+
+    T = steps * alpha + beta * (bytes over the busiest link direction)
+
+that is, latency once per sequential step, and bandwidth limited by the one link (a host's
+uplink or downlink) that carries the most.  Only links between hosts count: on the
+emulated cluster the hosts' links are shaped and a host's loopback is not.  This is the
+model of Thakur, Rabenseifner & Gropp, "Optimization of Collective Communication Operations
+in MPICH", IJHPCA 19(1), 2005, with the bottleneck link made explicit so that placement
+(8 hosts of one rank, or 2 hosts of 4) changes the prediction as it changes the traffic.
+
+All-reduce of M bytes over N ranks:
+- ring (Patarasuk & Yuan 2009): each rank sends 2(N-1)/N x M to its successor in 2(N-1)
+  steps; a host boundary the ring crosses carries 2(N-1)/N x M each way.
+- parameter server (psrt.collectives.ps, pipelined): every worker sends M to the server and
+  receives M back; the server's link carries (workers on other hosts) x M each way, the two
+  directions at once, plus the time to return the last pipeline segment.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Fit:
+    alpha_s: float          # one-way latency of a small message
+    beta_s_per_byte: float  # inverse bandwidth of large messages
+    r2: float               # goodness of the bandwidth fit (1 is a straight line)
+
+    @property
+    def bandwidth_bytes_s(self) -> float:
+        return 1.0 / self.beta_s_per_byte
+
+    def time(self, nbytes: float) -> float:
+        return self.alpha_s + nbytes * self.beta_s_per_byte
+
+
+def fit(points: list[dict], large_bytes: int = 1 << 20) -> Fit:
+    """alpha from the smallest message, beta by least squares over messages >= large_bytes.
+
+    The two come from different sizes on purpose: a token-bucket shaper lets small
+    messages through at the speed of the machine (they fit in its burst), so one straight
+    line through every size would describe neither end well.
+    """
+    pts = sorted((p["nbytes"], p["one_way_s"]) for p in points)
+    if len(pts) < 3:
+        raise ValueError("fitting alpha and beta needs at least 3 ping-pong sizes")
+    alpha = pts[0][1]
+    big = [(m, t) for m, t in pts if m >= large_bytes] or pts[-2:]
+    if len(big) < 2:
+        big = pts[-2:]
+    mx = statistics.fmean(m for m, _ in big)
+    my = statistics.fmean(t for _, t in big)
+    sxx = sum((m - mx) ** 2 for m, _ in big)
+    beta = sum((m - mx) * (t - my) for m, t in big) / sxx
+    if beta <= 0:
+        raise ValueError("ping-pong times do not grow with message size; cannot fit beta")
+    intercept = my - beta * mx
+    ss_res = sum((t - intercept - beta * m) ** 2 for m, t in big)
+    ss_tot = sum((t - my) ** 2 for _, t in big)
+    return Fit(alpha, beta, 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0)
+
+
+def link_load(transfers: list[tuple[int, int, float]], host_of: list[int]) -> float:
+    """Bytes over the busiest host link direction: max over hosts of what leaves it and
+    what enters it, counting only transfers between different hosts."""
+    out: dict[int, float] = {}
+    into: dict[int, float] = {}
+    for src, dst, nbytes in transfers:
+        a, b = host_of[src], host_of[dst]
+        if a != b:
+            out[a] = out.get(a, 0.0) + nbytes
+            into[b] = into.get(b, 0.0) + nbytes
+    return max(list(out.values()) + list(into.values()) + [0.0])
+
+
+def transfers(algorithm: str, n: int, nbytes: float, root: int = 0) -> tuple[list, int]:
+    """([(src, dst, bytes)], sequential steps) of one all-reduce."""
+    if algorithm == "ring":
+        per = 2 * (n - 1) / n * nbytes
+        return [(r, (r + 1) % n, per) for r in range(n)], 2 * (n - 1)
+    if algorithm == "ps":
+        workers = [r for r in range(n) if r != root]
+        return [(w, root, nbytes) for w in workers] + [(root, w, nbytes) for w in workers], 2
+    raise ValueError(f"no alpha-beta model for {algorithm!r} (ring, ps)")
+
+
+def predict(algorithm: str, n: int, nbytes: float, host_of: list[int], model: Fit,
+            segment_bytes: int | None = None) -> float | None:
+    """Predicted all-reduce time in seconds, or None when no rank pair crosses a link."""
+    if n < 2 or len(set(host_of[:n])) < 2:
+        return None
+    moves, steps = transfers(algorithm, n, nbytes)
+    busiest = link_load(moves, host_of)
+    extra = 0.0
+    if algorithm == "ps":
+        # The last segment still has to go back once everything has arrived.
+        from psrt.collectives.ps import PIPELINE_BYTES
+        seg = min(segment_bytes or PIPELINE_BYTES, nbytes)
+        remote = sum(1 for r in range(1, n) if host_of[r] != host_of[0])
+        extra = remote * seg * model.beta_s_per_byte
+    return steps * model.alpha_s + busiest * model.beta_s_per_byte + extra

@@ -1,0 +1,64 @@
+"""Run a benchmark's rank side as an MPI job, on this host or on an emulated cluster, and
+read back the JSON it wrote.  The suite (psrt.bench suite, network, training) is a driver
+outside MPI: it starts one job per world size and placement."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from psrt.errors import PsrtError
+
+
+def _bench(args: list[str], out: str) -> list[str]:
+    return [sys.executable, "-m", "psrt.bench"] + list(args) + ["--json", out]
+
+
+def _env() -> dict:
+    # One thread per rank, as mpi_launch sets it: torch's intra-op threads would fight the
+    # other ranks for the cores and skew every comparison.
+    return dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+
+
+def _read(code: int, out: str, what: str) -> dict:
+    if code != 0 or not os.path.exists(out):
+        raise PsrtError(f"{what} failed (exit {code}); its output is above")
+    with open(out) as f:
+        return json.load(f)
+
+
+def local(np_: int, args: list[str], timeout: float | None = None) -> dict:
+    """`mpirun -np N python -m psrt.bench ARGS --json F` on this host; F's content."""
+    from psrt.launcher import local_mpirun_prefix
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out.json")
+        cmd = local_mpirun_prefix(np_) + _bench(args, out)
+        try:
+            code = subprocess.run(cmd, stdin=subprocess.DEVNULL, env=_env(), timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            raise PsrtError(f"`{' '.join(args[:1])}` on {np_} ranks took more than {timeout:.0f} s") from None
+        return _read(code, out, f"psrt.bench {args[0]} on {np_} local ranks")
+
+
+def on_cluster(cluster, ranks_per_host: list[tuple[str, int]], args: list[str]) -> dict:
+    """The same on a running emulated cluster (psrt.cluster.running), `ranks_per_host` being
+    [(host, ranks)] in rank order; mpirun starts on the first host."""
+    from psrt import cluster as C
+    from psrt.hostfile import Host
+    from psrt.launcher import Request, find_mpirun, mpi_flavour, plan_mpirun, run_job
+
+    mpirun = find_mpirun()
+    flavour = mpi_flavour(mpirun)
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o755)
+        out = os.path.join(tmp, "out.json")
+        req = Request(command=tuple(_bench(args, out)), hosts=tuple(Host(h, n) for h, n in ranks_per_host),
+                      np=sum(n for _, n in ranks_per_host), emulated=True, threads=1)
+        env = C.job_env(cluster, flavour, _env())
+        plan = plan_mpirun(req, flavour, mpirun, env, os.cpu_count() or 1,
+                           emulation=C.mpi_flags(cluster, flavour))
+        code = run_job(C.exec_argv(cluster.hosts[0], plan.argv), {**env, **plan.env})
+        layout = "+".join(str(n) for _, n in ranks_per_host)
+        return _read(code, out, f"psrt.bench {args[0]} on emulated hosts ({layout} ranks)")

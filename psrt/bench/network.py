@@ -1,0 +1,235 @@
+"""The network-bound regime: parameter server vs ring all-reduce on emulated hosts joined by
+shaped links, measured next to the alpha-beta model's prediction.
+
+For each link rate (tc, e.g. 1gbit and 100mbit) the driver brings up an emulated cluster
+(psrt.cluster: one network namespace per host, each host's link shaped both ways), fits
+alpha and beta from a ping-pong between two hosts, and times the all-reduce of M bytes with
+`ps`, `ring` and `native` on 2..8 hosts of one rank each, and on `two_nodes` (2 hosts of 4
+ranks, where only the traffic between the hosts crosses a shaped link).  The same jobs on
+unshaped links give the floor this machine's cores set (copies through the kernel and the
+reductions): a prediction is checked only where that floor is small next to the
+measurement, that is where the network, not the CPU, is the bottleneck.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from psrt.bench import alpha_beta, jobs
+from psrt.bench.report import fmt_bytes
+from psrt.report import Progress
+
+ALGORITHMS = ("ps", "ring", "native")
+SUBNET = "198.18.7.0/24"
+NETWORK_BOUND = 0.25   # floor / measured below this: the row is network-bound
+TOLERANCE = 0.20       # the model's promise for large messages
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Hosts and ranks per host of one measurement."""
+    hosts: int
+    per_host: int
+
+    @property
+    def ranks(self) -> int:
+        return self.hosts * self.per_host
+
+    @property
+    def name(self) -> str:
+        return f"{self.hosts}x{self.per_host}"
+
+    def host_of(self) -> list[int]:
+        return [r // self.per_host for r in range(self.ranks)]
+
+
+def defaults(quick: bool = False, quiet: bool = False):
+    """The regime's settings as `python -m psrt.bench network` has them (and --quick)."""
+    import argparse
+    ns = argparse.Namespace(rates=["1gbit", "100mbit"], host_counts=[2, 4, 8], size=64 << 20,
+                            two_nodes=True, floor=True, warmup=1, repeats=3, quiet=quiet)
+    return quicken(ns) if quick else ns
+
+
+def quicken(ns):
+    """--quick: 1gbit only, 2 and 8 hosts, 16 MiB, one repeat, no floor (so no model check)."""
+    ns.rates, ns.host_counts, ns.size = ["1gbit"], [2, 8], 16 << 20
+    ns.two_nodes, ns.floor, ns.repeats, ns.warmup = False, False, 1, 0
+    return ns
+
+
+def size_for(rate: str, fastest: str, size: int) -> int:
+    """`size` at the fastest rate; slower links get proportionally less (a power of two, at
+    least 1 MiB), so every rate takes about as long."""
+    from psrt.cluster import _rate_bytes
+    scaled = size * _rate_bytes(rate) / _rate_bytes(fastest)
+    return max(1 << 20, min(size, 1 << int(math.log2(max(scaled, 1)))))
+
+
+def plan(args) -> list[tuple[str | None, Layout]]:
+    """[(rate or None for unshaped, layout)] in the order they run."""
+    layouts = [Layout(h, 1) for h in args.host_counts] + ([Layout(2, 4)] if args.two_nodes else [])
+    runs = [(rate, lay) for rate in args.rates for lay in layouts]
+    if args.floor:
+        runs += [(None, lay) for lay in layouts]
+    return runs
+
+
+def run(args) -> dict:
+    """Every measurement, fit and prediction of the regime; returns the report payload."""
+    from psrt import cluster as C
+    C.require_netns()
+    fastest = max(args.rates, key=C._rate_bytes)
+    sizes = {rate: size_for(rate, fastest, args.size) for rate in args.rates}
+    runs = plan(args)
+    progress = Progress(len(runs) + len(args.rates) * (1 + args.two_nodes), "network", enabled=not args.quiet)
+    done = 0
+    fits, measured = {}, []
+    for rate in args.rates + ([None] if args.floor else []):
+        for per_host in ([1, 4] if args.two_nodes else [1]):
+            mine = [lay for r, lay in runs if r == rate and lay.per_host == per_host]
+            if not mine:
+                continue
+            n_hosts = max(lay.hosts for lay in mine)
+            names = tuple(f"node{i}" for i in range(n_hosts)) if per_host > 1 else \
+                tuple(f"psrt-h{i}" for i in range(n_hosts))
+            cluster = C.Cluster(names, SUBNET, rate)
+            with C.running(cluster):
+                key = f"{rate}/{per_host}"
+                if rate is not None:
+                    pp = jobs.on_cluster(cluster, [(names[0], 1), (names[1], 1)],
+                                         ["pingpong", "--quiet", "--min-size", "8", "--max-size", "16MiB",
+                                          "--repeats", str(args.repeats)])
+                    fits[key] = alpha_beta.fit(pp["points"])
+                    done += 1
+                    progress.update(done, f"ping-pong {rate}")
+                for lay in mine:
+                    size = sizes.get(rate, args.size) if rate else None
+                    want = [fmt_size(s) for s in sorted(set(sizes.values()))] if rate is None else [fmt_size(size)]
+                    out = jobs.on_cluster(cluster, [(names[h], lay.per_host) for h in range(lay.hosts)],
+                                          ["collectives", "--quiet", "--algorithms", ",".join(ALGORITHMS),
+                                           "--sizes", ",".join(want), "--warmup", str(args.warmup),
+                                           "--repeats", str(args.repeats)])
+                    for row in out["rows"]:
+                        measured.append(dict(row, rate=rate, layout=lay.name, hosts=lay.hosts))
+                    done += 1
+                    progress.update(done, f"{rate or 'unshaped'} {lay.name}")
+    return assemble(args, fits, sizes, measured)
+
+
+def fmt_size(n: int) -> str:
+    return f"{n // (1 << 20)}MiB" if n % (1 << 20) == 0 else str(n)
+
+
+def assemble(args, fits: dict, sizes: dict, measured: list[dict]) -> dict:
+    """Rows of measured vs predicted time, with the unshaped floor beside them."""
+    floor = {(r["layout"], r["algorithm"], r["nbytes"]): r["time_us"] / 1e6
+             for r in measured if r["rate"] is None}
+    rows = []
+    for r in measured:
+        if r["rate"] is None:
+            continue
+        per_host = 4 if r["layout"].endswith("x4") else 1
+        lay = Layout(r["hosts"], per_host)
+        fit = fits[f"{r['rate']}/{per_host}"]
+        pred = alpha_beta.predict(r["algorithm"], lay.ranks, r["nbytes"], lay.host_of(), fit) \
+            if r["algorithm"] in ("ps", "ring") else None
+        t = r["time_us"] / 1e6
+        fl = floor.get((r["layout"], r["algorithm"], r["nbytes"]))
+        rows.append({"rate": r["rate"], "layout": r["layout"], "hosts": r["hosts"], "ranks": lay.ranks,
+                     "algorithm": r["algorithm"], "nbytes": r["nbytes"], "measured_s": t,
+                     "measured_min_s": r["time_min_us"] / 1e6, "predicted_s": pred,
+                     "error": (t - pred) / pred if pred else None, "floor_s": fl,
+                     "network_bound": fl is not None and fl / t < NETWORK_BOUND, "wrong": r["wrong"]})
+    return {"rows": rows, "fits": {k: vars(v) for k, v in fits.items()},
+            "sizes": {k: v for k, v in sizes.items()}}
+
+
+def goals(payload: dict) -> list[dict]:
+    """The issue's promises, as ratios measured in this run: [{goal, value, ok}]."""
+    rows = payload["rows"]
+    out = []
+
+    def t(rate, layout, algo):
+        hit = [r["measured_s"] for r in rows if (r["rate"], r["layout"], r["algorithm"]) == (rate, layout, algo)]
+        return hit[0] if hit else None
+
+    for rate in dict.fromkeys(r["rate"] for r in rows):
+        layouts = sorted({r["layout"] for r in rows if r["rate"] == rate and r["layout"].endswith("x1")},
+                         key=lambda s: int(s.split("x")[0]))
+        if layouts:
+            big = layouts[-1]
+            ps, ring = t(rate, big, "ps"), t(rate, big, "ring")
+            if ps and ring and int(big.split("x")[0]) >= 8:
+                out.append({"goal": f"{rate}, {big.split('x')[0]} hosts: ring >= 3x faster than ps",
+                            "value": f"{ps / ring:.2f}x", "ok": ps / ring >= 3})
+            if len(layouts) > 1:
+                # Growth from the fewest hosts to the most, against the model's: the ring's
+                # per-link bytes 2(N-1)/N x M stay below 2M, the server's link carries (N-1)M.
+                small = layouts[0]
+                grow = {}
+                for algo in ("ring", "ps"):
+                    a = next(r for r in rows if (r["rate"], r["layout"], r["algorithm"]) == (rate, small, algo))
+                    b = next(r for r in rows if (r["rate"], r["layout"], r["algorithm"]) == (rate, big, algo))
+                    grow[algo] = (b["measured_s"] / a["measured_s"], b["predicted_s"] / a["predicted_s"])
+                (rg, rm), (pg, pm) = grow["ring"], grow["ps"]
+                bound = all(r["network_bound"] for r in rows if r["rate"] == rate
+                            and r["layout"] in (small, big) and r["algorithm"] in ("ps", "ring"))
+                out.append({"goal": f"{rate}, {small.split('x')[0]} -> {big.split('x')[0]} hosts: ring nearly "
+                                    f"flat (model {rm:.2f}x), ps linear (model {pm:.2f}x)",
+                            "value": f"ring {rg:.2f}x, ps {pg:.2f}x" + ("" if bound else " (CPU-bound rows: not judged)"),
+                            "ok": (rg <= 2.0 and pg >= 0.7 * pm) if bound else None})
+        ps, ring = t(rate, "2x4", "ps"), t(rate, "2x4", "ring")
+        if ps and ring:
+            out.append({"goal": f"{rate}, two_nodes (2x4): ps/ring near the model's 2.3x",
+                        "value": f"{ps / ring:.2f}x", "ok": ps / ring >= 2})
+    for rate in dict.fromkeys(r["rate"] for r in rows):
+        checked = [r for r in rows if r["rate"] == rate and r["predicted_s"] and r["network_bound"]]
+        if checked:
+            worst = max(checked, key=lambda r: abs(r["error"]))
+            out.append({"goal": f"{rate}: alpha-beta within {TOLERANCE:.0%} where network-bound ({len(checked)} rows)",
+                        "value": f"worst {worst['error']:+.0%} ({worst['layout']} {worst['algorithm']})",
+                        "ok": abs(worst["error"]) <= TOLERANCE})
+    return out
+
+
+def print_report(payload: dict, out=None) -> None:
+    import sys
+    from psrt.bench.report import table
+    out = out or sys.stdout
+    for key, fit in payload["fits"].items():
+        rate, per_host = key.split("/")
+        print(f"# {rate} links ({'2 hosts of 4' if per_host == '4' else 'hosts of 1 rank'}): alpha = "
+              f"{fit['alpha_s'] * 1e6:.0f} us, beta = {fit['beta_s_per_byte'] * 1e9:.2f} ns/B "
+              f"({1e-6 / fit['beta_s_per_byte']:.0f} MB/s), r2 = {fit['r2']:.4f}", file=out)
+    rows = [dict(r, size=fmt_bytes(r["nbytes"]),
+                 bound="network" if r["network_bound"] else ("cpu" if r["floor_s"] else "-"))
+            for r in payload["rows"]]
+    table(rows, [("rate", "link", ""), ("layout", "hosts x ranks", ""), ("size", "size", ""),
+                 ("algorithm", "algorithm", ""), ("measured_s", "measured(s)", ".3f"),
+                 ("predicted_s", "predicted(s)", ".3f"), ("error", "error", "+.0%"),
+                 ("floor_s", "unshaped(s)", ".3f"), ("bound", "bound by", ""), ("wrong", "#wrong", "d")],
+          out=out)
+
+
+def plot(payload: dict, path) -> bool:
+    """All-reduce time vs hosts, PS and ring measured (points) and predicted (lines)."""
+    from psrt.bench.report import label, panels, save
+    rates = list(dict.fromkeys(r["rate"] for r in payload["rows"]))
+    made = panels(len(rates), 5.2)
+    if made is None:
+        return False
+    plt, fig, axes = made
+    for ax, rate in zip(axes, rates):
+        for algo, colour in (("ps", "tab:red"), ("ring", "tab:blue"), ("native", "tab:gray")):
+            pts = sorted((r["hosts"], r["measured_s"], r["predicted_s"]) for r in payload["rows"]
+                         if r["rate"] == rate and r["algorithm"] == algo and r["layout"].endswith("x1"))
+            if not pts:
+                continue
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", color=colour, label=f"{algo} measured")
+            if pts[0][2] is not None:
+                ax.plot([p[0] for p in pts], [p[2] for p in pts], "-", color=colour, alpha=0.6,
+                        label=f"{algo} alpha-beta")
+        size = next(r["nbytes"] for r in payload["rows"] if r["rate"] == rate)
+        label(ax, f"allreduce {fmt_bytes(size)}, {rate} links, 1 rank per host", "hosts", "time (s)")
+    return save(plt, fig, path)

@@ -1,0 +1,263 @@
+"""`python -m psrt.bench suite`: the A/B benchmark suite in one command.
+
+1. collectives: every all-reduce algorithm and peer (psrt's ps, ring, halving-doubling, tree,
+   the MPI library, torch.distributed gloo, Horovod) from 4 B to 256 MiB, per world size;
+2. training: step time, samples/s and scaling efficiency of every strategy, on this host
+   and, as root, on an emulated two-host cluster;
+3. network (as root): ps vs ring on emulated hosts with shaped links, against the alpha-beta
+   model (psrt.bench.network).
+
+Everything lands in one folder: JSON and CSV per part, PNG plots, and report.md, which
+holds the tables, the goals as ratios measured in this run, and the machine they ran on.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import sys
+from pathlib import Path
+
+from psrt.bench import jobs, report
+from psrt.errors import PsrtError
+
+PARTS = ("collectives", "training", "network")
+COLLECTIVE_ALGORITHMS = "ps,ring,halving-doubling,tree,native,torch,horovod"
+TRAINING_STRATEGIES = "ps,ps-sharded,ring,native,torch,torch-ddp,horovod"
+
+
+def settings(args) -> dict:
+    """What each part measures, full or --quick (under a minute here)."""
+    if args.quick:
+        return {"np": [2], "coll": ["--min-size", "4", "--max-size", "4MiB", "--step", "16",
+                                    "--warmup", "1", "--repeats", "2"],
+                "train": ["--steps", "2", "--rounds", "1", "--width", "512"], "train_np": [1, 2],
+                "cluster_np": []}
+    return {"np": args.np, "coll": ["--min-size", "4", "--max-size", "256MiB", "--step", "4",
+                                    "--warmup", "2", "--repeats", "5"],
+            "train": ["--steps", "5", "--rounds", "3"], "train_np": sorted({1, *args.np}),
+            "cluster_np": [n for n in args.np if n % 2 == 0]}
+
+
+def netns_ok() -> str | None:
+    """None where emulated clusters can be made, else why not."""
+    from psrt import cluster as C
+    try:
+        C.require_netns()
+    except PsrtError as err:
+        return str(err)
+    return None
+
+
+def run(args) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    plan = settings(args)
+    no_netns = netns_ok()
+    horovod = _has_horovod()
+    sections, goals = [], []
+    say = (lambda text: None) if args.quiet else (lambda text: print(f"psrt.bench suite: {text}", file=sys.stderr, flush=True))
+    if "collectives" in args.parts:
+        algos = COLLECTIVE_ALGORITHMS if horovod else COLLECTIVE_ALGORITHMS.replace(",horovod", "")
+        rows = []
+        for n in plan["np"]:
+            say(f"collectives on {n} ranks")
+            got = jobs.local(n, ["collectives", "--quiet", "--algorithms", algos] + plan["coll"])
+            rows += got["rows"]
+            report.plot_busbw(rows_of(got["rows"], n), out / f"allreduce_np{n}.png",
+                              f"allreduce busbw, N={n} ranks on one host, float32")
+        report.write_json(out / "collectives.json", {"rows": rows})
+        report.write_csv(out / "collectives.csv", rows)
+        sections.append(collectives_section(rows, plan["np"]))
+        goals += collectives_goals(rows, horovod)
+    if "training" in args.parts:
+        dps = TRAINING_STRATEGIES if horovod else TRAINING_STRATEGIES.replace(",horovod", "")
+        rows = []
+        for n in plan["train_np"]:
+            say(f"training on {n} rank(s)")
+            got = jobs.local(n, ["training", "--quiet", "--dp", "ring" if n == 1 else dps] + plan["train"])
+            rows += [dict(r, where="one host") for r in got["rows"]]
+        if plan["cluster_np"] and no_netns is None:
+            from psrt import cluster as C
+            cluster = C.Cluster(("node0", "node1"), "198.18.8.0/24")
+            with C.running(cluster):
+                for n in plan["cluster_np"]:
+                    say(f"training on {n} ranks over 2 emulated hosts")
+                    got = jobs.on_cluster(cluster, [("node0", n // 2), ("node1", n // 2)],
+                                          ["training", "--quiet", "--dp", dps] + plan["train"])
+                    rows += [dict(r, where="2 emulated hosts") for r in got["rows"]]
+        single = next((r for r in rows if r["ranks"] == 1), None)
+        from psrt.bench.training import scaling
+        scaling([r for r in rows if r["ranks"] > 1], single)
+        report.write_json(out / "training.json", {"rows": rows})
+        report.write_csv(out / "training.csv", rows)
+        plot_training(rows, out / "training.png")
+        sections.append(training_section(rows))
+        goals += training_goals(rows)
+    if "network" in args.parts:
+        if no_netns is not None:
+            sections.append(f"## Network-bound regime\n\nNot run: {no_netns}\n")
+        else:
+            from psrt.bench import network
+            say("network-bound regime on emulated hosts")
+            nargs = network.defaults(args.quick, args.quiet)
+            payload = network.run(nargs)
+            payload["goals"] = network.goals(payload)
+            report.write_json(out / "network.json", payload)
+            report.write_csv(out / "network.csv", payload["rows"])
+            network.plot(payload, out / "network.png")
+            sections.append(network_section(payload))
+            goals += payload["goals"]
+    text = markdown(args, sections, goals)
+    (out / "report.md").write_text(text)
+    print(text)
+    print(f"wrote {out}/report.md and the JSON, CSV and PNG files beside it", file=sys.stderr)
+    return 0
+
+
+def _has_horovod() -> bool:
+    from psrt.bench.training import available
+    return available(["horovod"]) == ["horovod"]
+
+
+def rows_of(rows: list[dict], n: int) -> list[dict]:
+    return [r for r in rows if r["world_size"] == n and r["collective"] == "allreduce"]
+
+
+# --- goals ------------------------------------------------------------------------------------
+
+def collectives_goals(rows: list[dict], horovod: bool) -> list[dict]:
+    goals = []
+    for n in sorted({r["world_size"] for r in rows}):
+        at = {(r["algorithm"], r["nbytes"]): r["busbw_gbs"] for r in rows_of(rows, n)}
+        big = sorted({s for _, s in at if s >= 4 << 20})
+        if not big:
+            continue
+        native = min(at[("ring", s)] / at[("native", s)] for s in big)
+        goals.append({"goal": f"N={n}: ring >= 0.9x native busbw at >= 4 MiB",
+                      "value": f"worst {native:.2f}x", "ok": native >= 0.9})
+        if horovod and all(("horovod", s) in at for s in big):
+            hv = min(at[("ring", s)] / at[("horovod", s)] for s in big)
+            goals.append({"goal": f"N={n}: ring >= 2x Horovod busbw at >= 4 MiB (CPU tensors)",
+                          "value": f"worst {hv:.2f}x", "ok": hv >= 2})
+    return goals
+
+
+def training_goals(rows: list[dict]) -> list[dict]:
+    goals = []
+    for where in dict.fromkeys(r["where"] for r in rows):
+        for n in sorted({r["ranks"] for r in rows if r["where"] == where and r["ranks"] > 1}):
+            at = {r["dp"]: r["step_s"] for r in rows if r["where"] == where and r["ranks"] == n}
+            if "ring" in at and "torch-ddp" in at:
+                goals.append({"goal": f"{where}, N={n}: ring DDP step <= torch DDP (gloo) step",
+                              "value": f"{at['torch-ddp'] / at['ring']:.2f}x",
+                              "ok": at["ring"] <= at["torch-ddp"]})
+    return goals
+
+
+# --- the report -------------------------------------------------------------------------------
+
+def md_table(rows: list[dict], columns: list[tuple]) -> str:
+    """A Markdown table; columns are (key, header, format[, scale])."""
+    lines = ["| " + " | ".join(c[1] for c in columns) + " |", "|" + "---|" * len(columns)]
+    for r in rows:
+        cells = []
+        for c in columns:
+            key, fmt, scale = c[0], c[2], c[3] if len(c) > 3 else 1
+            v = r.get(key)
+            cells.append("-" if v is None else format(v * scale, fmt) if fmt else str(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def collectives_section(rows: list[dict], nps: list[int]) -> str:
+    text = ["## Collectives: allreduce busbw (GB/s), float32, one host\n",
+            "`python -m psrt.bench collectives` per world size; time = median of the timed loops, "
+            "slowest rank; busbw = algbw x 2(N-1)/N (nccl-tests).\n"]
+    for n in nps:
+        sel = rows_of(rows, n)
+        algos = list(dict.fromkeys(r["algorithm"] for r in sel))
+        sizes = sorted({r["nbytes"] for r in sel})
+        at = {(r["algorithm"], r["nbytes"]): r for r in sel}
+        table_rows = [dict({"size": report.fmt_bytes(s)},
+                           **{a: at[(a, s)]["busbw_gbs"] for a in algos if (a, s) in at}) for s in sizes]
+        text.append(f"### N = {n}\n\n![busbw, N={n}](allreduce_np{n}.png)\n")
+        text.append(md_table(table_rows, [("size", "size", "")] + [(a, a, ".3f") for a in algos]))
+        wrong = sum(r["wrong"] for r in sel)
+        text.append(f"\n{wrong} wrong elements in all.\n")
+    return "\n".join(text)
+
+
+def training_section(rows: list[dict]) -> str:
+    meta = rows[0]
+    return ("## Training: step time per strategy\n\n"
+            f"MLP, {meta['params'] / 1e6:.2f} M parameters, {meta['global_batch'] // meta['workers']} samples "
+            "per rank (weak scaling); step = median over rounds, slowest rank; scaling efficiency = "
+            "samples/s / (N x one process's); x torch DDP = torch DDP's step / this step.\n\n"
+            "![step time](training.png)\n\n"
+            + md_table(rows, [("where", "where", ""), ("ranks", "ranks", "d"), ("dp", "strategy", ""),
+                              ("step_s", "step (ms)", ".1f", 1e3), ("samples_per_s", "samples/s", ".0f"),
+                              ("efficiency", "scaling eff.", ".0%"), ("vs_torch_ddp", "x torch DDP", ".2f")]))
+
+
+def network_section(payload: dict) -> str:
+    fits = "\n".join(f"- {k.split('/')[0]} links ({'2 hosts of 4 ranks' if k.endswith('/4') else 'hosts of 1 rank'}): "
+                     f"alpha = {f['alpha_s'] * 1e6:.0f} us, beta = {f['beta_s_per_byte'] * 1e9:.2f} ns/B "
+                     f"({1e-6 / f['beta_s_per_byte']:.0f} MB/s)" for k, f in payload["fits"].items())
+    rows = [dict(r, size=report.fmt_bytes(r["nbytes"]),
+                 bound="network" if r["network_bound"] else ("cpu" if r["floor_s"] else "-"))
+            for r in payload["rows"]]
+    return ("## Network-bound regime: PS vs ring on emulated hosts\n\n"
+            "Hosts are network namespaces whose links are shaped with tc (tbf) in both directions. "
+            "Predicted: T = steps x alpha + beta x (bytes over the busiest link direction) "
+            "(psrt/bench/alpha_beta.py). `unshaped` is the same job on unshaped links, the floor set "
+            "by this machine's cores; a row is network-bound where that floor is under 25% of the "
+            "measurement, and only those rows test the model.\n\n" + fits + "\n\n![time vs hosts](network.png)\n\n"
+            + md_table(rows, [("rate", "link", ""), ("layout", "hosts x ranks", ""), ("size", "size", ""),
+                              ("algorithm", "algorithm", ""), ("measured_s", "measured (s)", ".3f"),
+                              ("predicted_s", "predicted (s)", ".3f"), ("error", "error", "+.0%"),
+                              ("floor_s", "unshaped (s)", ".3f"), ("bound", "bound by", "")]))
+
+
+def machine() -> str:
+    from psrt.bench.__main__ import _mpi_version
+    import torch
+    try:
+        mpi = _mpi_version().split(", package")[0].strip()
+    except Exception:  # noqa: BLE001 - the report must not fail over a label
+        mpi = "unknown MPI"
+    return (f"{platform.node()}: {os.cpu_count()} cores, {platform.system()} {platform.release()}, "
+            f"Python {platform.python_version()}, torch {torch.__version__}, {mpi}")
+
+
+def markdown(args, sections: list[str], goals: list[dict]) -> str:
+    head = [f"# psrt benchmark report{' (--quick)' if args.quick else ''}\n",
+            f"- command: `python -m psrt.bench suite{' --quick' if args.quick else ''} --out {args.out}`",
+            f"- machine: {machine()}",
+            f"- date: {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}\n",
+            "## Goals, as measured in this run\n"]
+    from psrt.bench.__main__ import status
+    head.append(md_table([dict(g, status=status(g)) for g in goals],
+                         [("goal", "goal", ""), ("value", "measured", ""), ("status", "", "")])
+                if goals else "(no goal applies to the parts run)\n")
+    return "\n".join(head) + "\n" + "\n".join(sections)
+
+
+def plot_training(rows: list[dict], path) -> bool:
+    """Step time vs ranks per strategy, one panel per placement."""
+    wheres = list(dict.fromkeys(r["where"] for r in rows))
+    made = report.panels(len(wheres))
+    if made is None:
+        return False
+    plt, fig, axes = made
+    single = next((r for r in rows if r["ranks"] == 1), None)
+    for ax, where in zip(axes, wheres):
+        for dp in dict.fromkeys(r["dp"] for r in rows if r["ranks"] > 1):
+            pts = sorted((r["ranks"], r["step_s"] * 1e3) for r in rows
+                         if r["where"] == where and r["dp"] == dp and r["ranks"] > 1)
+            if single and where == "one host":
+                pts = [(1, single["step_s"] * 1e3)] + pts
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=dp,
+                    lw=2.2 if dp in ("ring", "torch-ddp", "ps") else 1.2)
+        report.label(ax, f"training step, {where}", "ranks", "step time (ms)")
+    return report.save(plt, fig, path)

@@ -1,0 +1,166 @@
+"""Training benchmark: step time and samples/s of every data-parallel strategy on one model,
+measured in one MPI job so the ratios are taken under the same conditions.
+
+Every strategy trains its own copy of the same model (same seed) on the same batches.
+Rounds are interleaved (ps, ring, ..., ps, ring, ...), as the collective benchmark does, so a
+change of machine load hits all strategies alike.  A step's time is the slowest rank's (the
+step is over when the last rank is), the median over rounds is reported, and the batch per
+rank is fixed (weak scaling, as in Horovod's and PyTorch DDP's papers), so samples/s at N
+ranks divided by N x samples/s of one process is the scaling efficiency.
+
+`torch-ddp` is PyTorch's own torch.nn.parallel.DistributedDataParallel (gloo on CPU, its
+default 25 MiB buckets): the peer psrt's ring DDP is measured against.  `torch` is psrt's
+bucketed DDP reducing through torch.distributed.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from psrt.dp.base import DataParallel, StepStats
+
+DEFAULT_STRATEGIES = ("ps", "ps-sharded", "ring", "native", "torch", "torch-ddp", "horovod")
+PEER = "torch-ddp"
+
+
+class TorchDDPPeer(DataParallel):
+    """torch.nn.parallel.DistributedDataParallel behind psrt's step contract (bench only)."""
+
+    name = PEER
+
+    def __init__(self, model, make_optimizer, comm, **options):
+        super().__init__(model, make_optimizer, comm, **options)
+        from torch.nn.parallel import DistributedDataParallel
+
+        from psrt.dp.ddp import ensure_torch_distributed
+        ensure_torch_distributed(comm, model)
+        self.ddp = DistributedDataParallel(model)
+        self.optimizer = make_optimizer(model.parameters())
+
+    def step(self, loss_fn, microbatches: list) -> StepStats:
+        start = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        n = len(microbatches)
+        total = 0.0
+        for k, mb in enumerate(microbatches):
+            if k < n - 1:
+                with self.ddp.no_sync():
+                    loss = loss_fn(mb)
+                    (loss / n).backward()
+            else:
+                loss = loss_fn(mb)
+                (loss / n).backward()
+            total += loss.item()
+        self.optimizer.step()
+        return StepStats(loss=total / n, compute_s=time.perf_counter() - start)
+
+
+def make_strategy(name: str, model, make_optimizer, comm, bucket_mb: float | None = None):
+    if name == PEER:
+        return TorchDDPPeer(model, make_optimizer, comm)
+    from psrt.dp import strategy_class
+    options = {} if bucket_mb is None else {"bucket_mb": bucket_mb}
+    return strategy_class(name)(model, make_optimizer, comm, **options)
+
+
+def available(names: list[str]) -> list[str]:
+    """`names` without horovod where it is not installed (said by the caller)."""
+    if "horovod" in names:
+        try:
+            import horovod.torch  # noqa: F401
+        except ImportError:
+            return [n for n in names if n != "horovod"]
+    return names
+
+
+def measure(world, names: list[str], model_name: str = "mlp", width: int = 1024, layers: int = 2,
+            per_rank_batch: int = 32, steps: int = 5, rounds: int = 3, warmup: int = 2,
+            bucket_mb: float | None = None, progress=None) -> list[dict]:
+    """Rows {dp, ranks, step_s, step_min_s, samples_per_s, params} on every rank (the same)."""
+    import psrt
+    from psrt.data import load
+    from psrt.models import build_model, loss_and_correct
+
+    dataset = load("synthetic" if model_name != "transformer" else "text")
+    ctl = world.comm.Dup()
+    # Each rank its own samples: a strategy that failed to average would drift apart.
+    g = torch.Generator().manual_seed(1 + world.rank)
+    idx = torch.randint(len(dataset), (steps, per_rank_batch), generator=g)
+    data = [[(dataset.train_x[i], dataset.train_y[i])] for i in idx]
+    # Phases by runtime.  Horovod's background thread talks MPI every cycle even when idle,
+    # and gloo keeps threads of its own: each would tax the strategies measured beside it
+    # (an MPI ring DDP step on two emulated hosts went from 24 ms to 75 ms with gloo started
+    # in the same processes), so the MPI strategies run first, then the torch.distributed
+    # ones (gloo started only then), then Horovod.
+    on_gloo = ("torch", PEER)
+    groups = [[n for n in names if n not in on_gloo + ("horovod",)], [n for n in names if n in on_gloo],
+              [n for n in names if n == "horovod"]]
+    times, fastest, params = {}, {}, {}
+    done = 0
+    for group in (g_ for g_ in groups if g_):
+        if group[0] in on_gloo:
+            psrt.init_torch_distributed(world)
+        strategies, comms = {}, []
+        for name in group:
+            comm = psrt.Communicator(world.comm, algorithm="auto")
+            comms.append(comm)
+            torch.manual_seed(0)
+            model = build_model(model_name, dataset, width, layers)
+            strategies[name] = make_strategy(name, model, lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9),
+                                             comm, bucket_mb)
+            times[name], fastest[name] = [], []
+        for r in range(rounds + 1):           # round 0 warms up (buffers, buckets, threads)
+            for name, s in strategies.items():
+                # torch's DDP must see the forward pass through its wrapper
+                forward = getattr(s, "ddp", s.model)
+                loss_fn = lambda mb, m=forward: loss_and_correct(m, mb, dataset.task)[0]  # noqa: E731
+                ctl.Barrier()
+                t0 = time.perf_counter()
+                for i in range(warmup if r == 0 else steps):
+                    s.step(loss_fn, data[i % len(data)])
+                per = ctl.allgather((time.perf_counter() - t0) / (warmup if r == 0 else steps))
+                if r:
+                    times[name].append(max(per))
+                    fastest[name].append(min(per))
+                done += 1
+                if progress:
+                    progress.update(done, name)
+        for name, s in strategies.items():
+            s.finish()
+            params[name] = torch.cat([p.detach().reshape(-1) for p in s.model.parameters()])
+        for c in comms:
+            c.close()
+        if "horovod" in strategies:
+            strategies["horovod"].hvd.shutdown()
+    ctl.Free()
+    nparams = params[names[0]].numel()
+    workers = world.size   # no dedicated servers here: every rank trains (ps serves from rank 0)
+    batch = per_rank_batch * workers
+    rows = []
+    for name in names:
+        t = statistics.median(times[name])
+        # Same start, same samples, same number of steps: every strategy must end where the
+        # first one does, on every rank (float32 sums in different orders: not bitwise).
+        diff = world.comm.allreduce(float((params[name] - params[names[0]]).abs().max()), op=_max())
+        rows.append({"dp": name, "ranks": world.size, "hosts": world.num_nodes, "workers": workers,
+                     "params": nparams, "global_batch": batch, "step_s": t,
+                     "step_min_s": statistics.median(fastest[name]), "samples_per_s": batch / t,
+                     "max_param_diff": diff})
+    peer = next((r["step_s"] for r in rows if r["dp"] == PEER), None)
+    for row in rows:
+        row["vs_torch_ddp"] = peer / row["step_s"] if peer else None   # > 1: faster than torch DDP
+    return rows
+
+
+def _max():
+    from mpi4py import MPI
+    return MPI.MAX
+
+
+def scaling(rows: list[dict], single: dict) -> None:
+    """Add scaling efficiency: samples/s at N over N x one process's (weak scaling)."""
+    for row in rows:
+        row["efficiency"] = row["samples_per_s"] / (row["workers"] * single["samples_per_s"]) \
+            if single else None

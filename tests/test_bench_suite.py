@@ -75,8 +75,8 @@ def _payload(ps8: float, ring8: float, error: float = 0.05) -> dict:
     rows = []
     for hosts, ps, ring in ((2, 1.0, 1.0), (8, ps8, ring8)):
         for algo, t in (("ps", ps), ("ring", ring)):
-            pred = alpha_beta.predict(algo, hosts, 1 << 20, list(range(hosts)), Fit(0, 1e-6, 1)) * 1
-            rows.append({"rate": "1gbit", "layout": f"{hosts}x1", "hosts": hosts, "algorithm": algo,
+            pred = alpha_beta.predict(algo, hosts, 1 << 20, list(range(hosts)), Fit(0, 1e-6, 1))
+            rows.append({"rate": "1gbit", "layout": f"{hosts}x1", "hosts": hosts, "per_host": 1, "algorithm": algo,
                          "measured_s": t, "predicted_s": pred, "error": error, "network_bound": True,
                          "floor_s": 0.01, "wrong": 0, "nbytes": 1 << 20})
     return {"rows": rows, "fits": {}, "sizes": {}}

@@ -13,9 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 
 from psrt.errors import ArgumentParser, PsrtError, cli_main
 
@@ -59,8 +57,8 @@ def run_collectives(args) -> int:
     # Horovod's background thread runs an MPI negotiation every cycle, even when idle, which
     # slows every other algorithm measured beside it: Horovod is timed in a phase of its own,
     # after the others, and shut down.
-    others = [a for a in wanted if a != cb.HOROVOD] if wanted else None
-    phases = [p for p in [others] if p is None or p] + ([[cb.HOROVOD]] if wanted and cb.HOROVOD in wanted else [])
+    phases = [None] if wanted is None else \
+        [p for p in ([a for a in wanted if a != cb.HOROVOD], [a for a in wanted if a == cb.HOROVOD]) if p]
     plan = [(algos, c, s) for algos in phases for c in args.collective.split(",") for s in sizes
             if cb.algorithms_for(c, algos, torch_ready)]
     progress = Progress(len(plan), f"bench np={world.size}", enabled=world.rank == 0 and not args.quiet)
@@ -146,8 +144,9 @@ def run_training(args) -> int:
     from psrt.report import Progress
 
     world = psrt.init()
-    names = training.available(args.dp.split(","))
-    if world.rank == 0 and len(names) < len(args.dp.split(",")) and not args.quiet:
+    asked = args.dp.split(",") if args.dp else list(training.DEFAULT_STRATEGIES)
+    names = training.available(asked)
+    if world.rank == 0 and len(names) < len(asked) and not args.quiet:
         print("psrt.bench: horovod is not installed, left out (scripts/install_horovod.sh)", file=sys.stderr)
     progress = Progress(len(names) * (args.rounds + 1), f"training np={world.size}",
                         enabled=world.rank == 0 and not args.quiet)
@@ -159,21 +158,13 @@ def run_training(args) -> int:
         print(f"# {args.model} ({rows[0]['params'] / 1e6:.2f} M parameters), {args.batch} samples per "
               f"rank, N={world.size} on {world.num_nodes} host(s); step = median of {args.rounds} rounds "
               f"of {args.steps} steps, slowest rank")
-        print_training(rows)
+        report.table(rows, training.COLUMNS)
     if args.json:
         report.write_json(args.json, {"meta": {"world_size": world.size, "num_nodes": world.num_nodes,
                                                "model": args.model, "width": args.width, "layers": args.layers,
                                                "batch_per_rank": args.batch, "mpi": _mpi_version()},
                                       "rows": rows})
     return 0
-
-
-def print_training(rows: list[dict]) -> None:
-    from psrt.bench import report
-    report.table(rows, [("dp", "strategy", ""), ("ranks", "ranks", "d"), ("hosts", "hosts", "d"),
-                        ("step_s", "step(ms)", ".1f", 1e3), ("step_min_s", "fastest rank(ms)", ".1f", 1e3),
-                        ("samples_per_s", "samples/s", ".0f"), ("efficiency", "scaling eff.", ".0%"),
-                        ("vs_torch_ddp", "x torch DDP", ".2f")])
 
 
 def run_network(args) -> int:
@@ -219,26 +210,18 @@ def _mpi_version() -> str:
 
 def run_tune(args) -> int:
     """Measure every algorithm at each world size and write the crossover table for 'auto'."""
+    from psrt.bench import jobs
     from psrt.collectives.tuning import Tuning
-    from psrt.launcher import local_mpirun_prefix
 
     # Collectives and world sizes not measured now keep their rows from the existing table.
     tables: dict = Tuning.load(args.out).tables if os.path.exists(args.out) else {}
     points: list = []
     for np_ in [int(x) for x in args.np.split(",")]:
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "points.json")
-            cmd = local_mpirun_prefix(np_) + [sys.executable, "-m", "psrt.bench", "collectives", "--quiet",
-                                              "--collective", args.collective, "--min-size", args.min_size,
-                                              "--max-size", args.max_size, "--step", str(args.step),
-                                              "--repeats", str(args.repeats), "--json", out,
-                                              "--algorithms", ",".join(_tunable())]
-            print(f"tune: measuring N={np_} ...", file=sys.stderr, flush=True)
-            # one thread per rank, as mpi_launch sets it: torch's intra-op threads would fight
-            # the other ranks for the cores and skew the comparison
-            env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-            subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL, env=env)
-            rows = json.load(open(out))["rows"]
+        print(f"tune: measuring N={np_} ...", file=sys.stderr, flush=True)
+        rows = jobs.local(np_, ["collectives", "--quiet", "--collective", args.collective,
+                                "--min-size", args.min_size, "--max-size", args.max_size,
+                                "--step", str(args.step), "--repeats", str(args.repeats),
+                                "--algorithms", ",".join(_tunable())])["rows"]
         points += rows
         for coll in args.collective.split(","):
             tables.setdefault(coll, {})[np_] = crossovers([r for r in rows if r["collective"] == coll])
@@ -327,8 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     nw.add_argument("--quiet", action="store_true", help="no progress display")
     tr = sub.add_parser("training", help="step time and samples/s of every --dp strategy on one model "
                         "(run under mpirun)")
-    tr.add_argument("--dp", default="ps,ps-sharded,ring,native,torch,torch-ddp,horovod",
-                    help="strategies; torch-ddp is torch.nn.parallel.DistributedDataParallel")
+    tr.add_argument("--dp", default=None, help="strategies (default: ps,ps-sharded,ring,native,torch,"
+                    "torch-ddp,horovod); torch-ddp is torch.nn.parallel.DistributedDataParallel")
     tr.add_argument("--model", default="mlp", choices=["mlp", "cnn", "transformer"])
     tr.add_argument("--width", type=int, default=1024)
     tr.add_argument("--layers", type=int, default=2)
@@ -376,7 +359,7 @@ def check_args(args) -> None:
     elif args.command == "training":
         from psrt.bench.training import PEER
         from psrt.dp import STRATEGIES
-        bad = [d for d in args.dp.split(",") if d not in tuple(STRATEGIES) + (PEER,)]
+        bad = [d for d in (args.dp or "").split(",") if d and d not in tuple(STRATEGIES) + (PEER,)]
         need(not bad, f"--dp {','.join(bad)}: choose from {', '.join(tuple(STRATEGIES) + (PEER,))}")
         for name in ("width", "layers", "batch", "steps", "rounds"):
             need(getattr(args, name) >= 1, f"--{name} {getattr(args, name)}: must be at least 1")

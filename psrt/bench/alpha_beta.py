@@ -50,7 +50,7 @@ def fit(points: list[dict], large_bytes: int = 1 << 20) -> Fit:
     if len(pts) < 3:
         raise ValueError("fitting alpha and beta needs at least 3 ping-pong sizes")
     alpha = pts[0][1]
-    big = [(m, t) for m, t in pts if m >= large_bytes] or pts[-2:]
+    big = [(m, t) for m, t in pts if m >= large_bytes]
     if len(big) < 2:
         big = pts[-2:]
     mx = statistics.fmean(m for m, _ in big)

@@ -52,7 +52,6 @@ def on_cluster(cluster, ranks_per_host: list[tuple[str, int]], args: list[str]) 
     mpirun = find_mpirun()
     flavour = mpi_flavour(mpirun)
     with tempfile.TemporaryDirectory() as tmp:
-        os.chmod(tmp, 0o755)
         out = os.path.join(tmp, "out.json")
         req = Request(command=tuple(_bench(args, out)), hosts=tuple(Host(h, n) for h, n in ranks_per_host),
                       np=sum(n for _, n in ranks_per_host), emulated=True, threads=1)

@@ -66,13 +66,13 @@ def size_for(rate: str, fastest: str, size: int) -> int:
     return max(1 << 20, min(size, 1 << int(math.log2(max(scaled, 1)))))
 
 
-def plan(args) -> list[tuple[str | None, Layout]]:
-    """[(rate or None for unshaped, layout)] in the order they run."""
+def groups(args) -> list[tuple[str | None, int, list[Layout]]]:
+    """[(rate, or None for unshaped links; ranks per host; layouts)], one emulated cluster
+    each, in the order they run."""
     layouts = [Layout(h, 1) for h in args.host_counts] + ([Layout(2, 4)] if args.two_nodes else [])
-    runs = [(rate, lay) for rate in args.rates for lay in layouts]
-    if args.floor:
-        runs += [(None, lay) for lay in layouts]
-    return runs
+    return [(rate, per_host, [lay for lay in layouts if lay.per_host == per_host])
+            for rate in args.rates + ([None] if args.floor else [])
+            for per_host in sorted({lay.per_host for lay in layouts})]
 
 
 def run(args) -> dict:
@@ -81,47 +81,38 @@ def run(args) -> dict:
     C.require_netns()
     fastest = max(args.rates, key=C._rate_bytes)
     sizes = {rate: size_for(rate, fastest, args.size) for rate in args.rates}
-    runs = plan(args)
-    progress = Progress(len(runs) + len(args.rates) * (1 + args.two_nodes), "network", enabled=not args.quiet)
+    todo = groups(args)
+    progress = Progress(sum(len(lays) + (rate is not None) for rate, _, lays in todo), "network",
+                        enabled=not args.quiet)
     done = 0
     fits, measured = {}, []
-    for rate in args.rates + ([None] if args.floor else []):
-        for per_host in ([1, 4] if args.two_nodes else [1]):
-            mine = [lay for r, lay in runs if r == rate and lay.per_host == per_host]
-            if not mine:
-                continue
-            n_hosts = max(lay.hosts for lay in mine)
-            names = tuple(f"node{i}" for i in range(n_hosts)) if per_host > 1 else \
-                tuple(f"psrt-h{i}" for i in range(n_hosts))
-            cluster = C.Cluster(names, SUBNET, rate)
-            with C.running(cluster):
-                key = f"{rate}/{per_host}"
-                if rate is not None:
-                    pp = jobs.on_cluster(cluster, [(names[0], 1), (names[1], 1)],
-                                         ["pingpong", "--quiet", "--min-size", "8", "--max-size", "16MiB",
-                                          "--repeats", str(args.repeats)])
-                    fits[key] = alpha_beta.fit(pp["points"])
-                    done += 1
-                    progress.update(done, f"ping-pong {rate}")
-                for lay in mine:
-                    size = sizes.get(rate, args.size) if rate else None
-                    want = [fmt_size(s) for s in sorted(set(sizes.values()))] if rate is None else [fmt_size(size)]
-                    out = jobs.on_cluster(cluster, [(names[h], lay.per_host) for h in range(lay.hosts)],
-                                          ["collectives", "--quiet", "--algorithms", ",".join(ALGORITHMS),
-                                           "--sizes", ",".join(want), "--warmup", str(args.warmup),
-                                           "--repeats", str(args.repeats)])
-                    for row in out["rows"]:
-                        measured.append(dict(row, rate=rate, layout=lay.name, hosts=lay.hosts))
-                    done += 1
-                    progress.update(done, f"{rate or 'unshaped'} {lay.name}")
-    return assemble(args, fits, sizes, measured)
+    for rate, per_host, lays in todo:
+        # Hosts of several ranks take the names of hostfiles/two_nodes.
+        prefix = "node" if per_host > 1 else "psrt-h"
+        names = tuple(f"{prefix}{i}" for i in range(max(lay.hosts for lay in lays)))
+        with C.running(C.Cluster(names, SUBNET, rate)) as cluster:
+            if rate is not None:
+                pp = jobs.on_cluster(cluster, [(names[0], 1), (names[1], 1)],
+                                     ["pingpong", "--quiet", "--min-size", "8", "--max-size", "16MiB",
+                                      "--repeats", str(args.repeats)])
+                fits[f"{rate}/{per_host}"] = alpha_beta.fit(pp["points"])
+                done += 1
+                progress.update(done, f"ping-pong {rate}")
+            # The unshaped floor is measured at every size the shaped runs use.
+            want = sorted(set(sizes.values())) if rate is None else [sizes[rate]]
+            for lay in lays:
+                out = jobs.on_cluster(cluster, [(names[h], lay.per_host) for h in range(lay.hosts)],
+                                      ["collectives", "--quiet", "--algorithms", ",".join(ALGORITHMS),
+                                       "--sizes", ",".join(map(str, want)), "--warmup", str(args.warmup),
+                                       "--repeats", str(args.repeats)])
+                measured += [dict(row, rate=rate, layout=lay.name, hosts=lay.hosts, per_host=lay.per_host)
+                             for row in out["rows"]]
+                done += 1
+                progress.update(done, f"{rate or 'unshaped'} {lay.name}")
+    return assemble(fits, sizes, measured)
 
 
-def fmt_size(n: int) -> str:
-    return f"{n // (1 << 20)}MiB" if n % (1 << 20) == 0 else str(n)
-
-
-def assemble(args, fits: dict, sizes: dict, measured: list[dict]) -> dict:
+def assemble(fits: dict, sizes: dict, measured: list[dict]) -> dict:
     """Rows of measured vs predicted time, with the unshaped floor beside them."""
     floor = {(r["layout"], r["algorithm"], r["nbytes"]): r["time_us"] / 1e6
              for r in measured if r["rate"] is None}
@@ -129,20 +120,26 @@ def assemble(args, fits: dict, sizes: dict, measured: list[dict]) -> dict:
     for r in measured:
         if r["rate"] is None:
             continue
-        per_host = 4 if r["layout"].endswith("x4") else 1
-        lay = Layout(r["hosts"], per_host)
-        fit = fits[f"{r['rate']}/{per_host}"]
+        lay = Layout(r["hosts"], r["per_host"])
+        fit = fits[f"{r['rate']}/{lay.per_host}"]
         pred = alpha_beta.predict(r["algorithm"], lay.ranks, r["nbytes"], lay.host_of(), fit) \
             if r["algorithm"] in ("ps", "ring") else None
         t = r["time_us"] / 1e6
         fl = floor.get((r["layout"], r["algorithm"], r["nbytes"]))
-        rows.append({"rate": r["rate"], "layout": r["layout"], "hosts": r["hosts"], "ranks": lay.ranks,
-                     "algorithm": r["algorithm"], "nbytes": r["nbytes"], "measured_s": t,
-                     "measured_min_s": r["time_min_us"] / 1e6, "predicted_s": pred,
-                     "error": (t - pred) / pred if pred else None, "floor_s": fl,
-                     "network_bound": fl is not None and fl / t < NETWORK_BOUND, "wrong": r["wrong"]})
-    return {"rows": rows, "fits": {k: vars(v) for k, v in fits.items()},
-            "sizes": {k: v for k, v in sizes.items()}}
+        bound = fl is not None and fl / t < NETWORK_BOUND
+        rows.append({"rate": r["rate"], "layout": r["layout"], "hosts": r["hosts"], "per_host": lay.per_host,
+                     "ranks": lay.ranks, "algorithm": r["algorithm"], "nbytes": r["nbytes"],
+                     "size": fmt_bytes(r["nbytes"]), "measured_s": t, "measured_min_s": r["time_min_us"] / 1e6,
+                     "predicted_s": pred, "error": (t - pred) / pred if pred else None, "floor_s": fl,
+                     "network_bound": bound, "bound": "network" if bound else "cpu" if fl else "-",
+                     "wrong": r["wrong"]})
+    return {"rows": rows, "fits": {k: vars(v) for k, v in fits.items()}, "sizes": sizes}
+
+
+COLUMNS = [("rate", "link", ""), ("layout", "hosts x ranks", ""), ("size", "size", ""),
+           ("algorithm", "algorithm", ""), ("measured_s", "measured (s)", ".3f"),
+           ("predicted_s", "predicted (s)", ".3f"), ("error", "error", "+.0%"),
+           ("floor_s", "unshaped (s)", ".3f"), ("bound", "bound by", ""), ("wrong", "#wrong", "d")]
 
 
 def goals(payload: dict) -> list[dict]:
@@ -150,43 +147,35 @@ def goals(payload: dict) -> list[dict]:
     rows = payload["rows"]
     out = []
 
-    def t(rate, layout, algo):
-        hit = [r["measured_s"] for r in rows if (r["rate"], r["layout"], r["algorithm"]) == (rate, layout, algo)]
-        return hit[0] if hit else None
+    def at(rate, hosts, per_host, algo):
+        return next((r for r in rows if (r["rate"], r["hosts"], r["per_host"], r["algorithm"])
+                     == (rate, hosts, per_host, algo)), None)
 
     for rate in dict.fromkeys(r["rate"] for r in rows):
-        layouts = sorted({r["layout"] for r in rows if r["rate"] == rate and r["layout"].endswith("x1")},
-                         key=lambda s: int(s.split("x")[0]))
-        if layouts:
-            big = layouts[-1]
-            ps, ring = t(rate, big, "ps"), t(rate, big, "ring")
-            if ps and ring and int(big.split("x")[0]) >= 8:
-                out.append({"goal": f"{rate}, {big.split('x')[0]} hosts: ring >= 3x faster than ps",
-                            "value": f"{ps / ring:.2f}x", "ok": ps / ring >= 3})
-            if len(layouts) > 1:
-                # Growth from the fewest hosts to the most, against the model's: the ring's
-                # per-link bytes 2(N-1)/N x M stay below 2M, the server's link carries (N-1)M.
-                small = layouts[0]
-                grow = {}
-                for algo in ("ring", "ps"):
-                    a = next(r for r in rows if (r["rate"], r["layout"], r["algorithm"]) == (rate, small, algo))
-                    b = next(r for r in rows if (r["rate"], r["layout"], r["algorithm"]) == (rate, big, algo))
-                    grow[algo] = (b["measured_s"] / a["measured_s"], b["predicted_s"] / a["predicted_s"])
-                (rg, rm), (pg, pm) = grow["ring"], grow["ps"]
-                pair = [r for r in rows if r["rate"] == rate and r["layout"] in (small, big)
-                        and r["algorithm"] in ("ps", "ring")]
-                bound = all(r["network_bound"] for r in pair)
-                why = " (no unshaped runs: not judged)" if any(r["floor_s"] is None for r in pair) \
-                    else " (CPU-bound rows: not judged)"
-                out.append({"goal": f"{rate}, {small.split('x')[0]} -> {big.split('x')[0]} hosts: ring nearly "
-                                    f"flat (model {rm:.2f}x), ps linear (model {pm:.2f}x)",
-                            "value": f"ring {rg:.2f}x, ps {pg:.2f}x" + ("" if bound else why),
-                            "ok": (rg <= 2.0 and pg >= 0.7 * pm) if bound else None})
-        ps, ring = t(rate, "2x4", "ps"), t(rate, "2x4", "ring")
+        counts = sorted({r["hosts"] for r in rows if r["rate"] == rate and r["per_host"] == 1})
+        if counts and counts[-1] >= 8:
+            ps, ring = at(rate, counts[-1], 1, "ps"), at(rate, counts[-1], 1, "ring")
+            ratio = ps["measured_s"] / ring["measured_s"]
+            out.append({"goal": f"{rate}, {counts[-1]} hosts: ring >= 3x faster than ps",
+                        "value": f"{ratio:.2f}x", "ok": ratio >= 3})
+        if len(counts) > 1:
+            # Growth from the fewest hosts to the most, against the model's: the ring's
+            # per-link bytes 2(N-1)/N x M stay below 2M, the server's link carries (N-1)M.
+            lo, hi = counts[0], counts[-1]
+            pair = {(h, a): at(rate, h, 1, a) for h in (lo, hi) for a in ("ring", "ps")}
+            (rg, rm), (pg, pm) = [(pair[hi, a]["measured_s"] / pair[lo, a]["measured_s"],
+                                   pair[hi, a]["predicted_s"] / pair[lo, a]["predicted_s"]) for a in ("ring", "ps")]
+            bound = all(r["network_bound"] for r in pair.values())
+            why = "no unshaped runs" if any(r["floor_s"] is None for r in pair.values()) else "CPU-bound rows"
+            out.append({"goal": f"{rate}, {lo} -> {hi} hosts: ring nearly flat (model {rm:.2f}x), "
+                                f"ps linear (model {pm:.2f}x)",
+                        "value": f"ring {rg:.2f}x, ps {pg:.2f}x" + ("" if bound else f" ({why}: not judged)"),
+                        "ok": (rg <= 2.0 and pg >= 0.7 * pm) if bound else None})
+        ps, ring = at(rate, 2, 4, "ps"), at(rate, 2, 4, "ring")
         if ps and ring:
+            ratio = ps["measured_s"] / ring["measured_s"]
             out.append({"goal": f"{rate}, two_nodes (2x4): ps/ring near the model's 2.3x",
-                        "value": f"{ps / ring:.2f}x", "ok": ps / ring >= 2})
-    for rate in dict.fromkeys(r["rate"] for r in rows):
+                        "value": f"{ratio:.2f}x", "ok": ratio >= 2})
         checked = [r for r in rows if r["rate"] == rate and r["predicted_s"] and r["network_bound"]]
         if checked:
             worst = max(checked, key=lambda r: abs(r["error"]))
@@ -196,23 +185,18 @@ def goals(payload: dict) -> list[dict]:
     return out
 
 
-def print_report(payload: dict, out=None) -> None:
-    import sys
+def fit_lines(payload: dict) -> list[str]:
+    """One line per fitted link: alpha, beta and the bandwidth beta stands for."""
+    return [f"{key.split('/')[0]} links ({'2 hosts of 4 ranks' if key.endswith('/4') else 'hosts of 1 rank'}): "
+            f"alpha = {f['alpha_s'] * 1e6:.0f} us, beta = {f['beta_s_per_byte'] * 1e9:.2f} ns/B "
+            f"({1e-6 / f['beta_s_per_byte']:.0f} MB/s), r2 = {f['r2']:.4f}" for key, f in payload["fits"].items()]
+
+
+def print_report(payload: dict) -> None:
     from psrt.bench.report import table
-    out = out or sys.stdout
-    for key, fit in payload["fits"].items():
-        rate, per_host = key.split("/")
-        print(f"# {rate} links ({'2 hosts of 4' if per_host == '4' else 'hosts of 1 rank'}): alpha = "
-              f"{fit['alpha_s'] * 1e6:.0f} us, beta = {fit['beta_s_per_byte'] * 1e9:.2f} ns/B "
-              f"({1e-6 / fit['beta_s_per_byte']:.0f} MB/s), r2 = {fit['r2']:.4f}", file=out)
-    rows = [dict(r, size=fmt_bytes(r["nbytes"]),
-                 bound="network" if r["network_bound"] else ("cpu" if r["floor_s"] else "-"))
-            for r in payload["rows"]]
-    table(rows, [("rate", "link", ""), ("layout", "hosts x ranks", ""), ("size", "size", ""),
-                 ("algorithm", "algorithm", ""), ("measured_s", "measured(s)", ".3f"),
-                 ("predicted_s", "predicted(s)", ".3f"), ("error", "error", "+.0%"),
-                 ("floor_s", "unshaped(s)", ".3f"), ("bound", "bound by", ""), ("wrong", "#wrong", "d")],
-          out=out)
+    for line in fit_lines(payload):
+        print(f"# {line}")
+    table(payload["rows"], COLUMNS)
 
 
 def plot(payload: dict, path) -> bool:
@@ -226,7 +210,7 @@ def plot(payload: dict, path) -> bool:
     for ax, rate in zip(axes, rates):
         for algo, colour in (("ps", "tab:red"), ("ring", "tab:blue"), ("native", "tab:gray")):
             pts = sorted((r["hosts"], r["measured_s"], r["predicted_s"]) for r in payload["rows"]
-                         if r["rate"] == rate and r["algorithm"] == algo and r["layout"].endswith("x1"))
+                         if r["rate"] == rate and r["algorithm"] == algo and r["per_host"] == 1)
             if not pts:
                 continue
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", color=colour, label=f"{algo} measured")

@@ -15,19 +15,32 @@ def fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def table(rows: list[dict], columns: list[tuple[str, str, str]], out=sys.stdout) -> None:
+def _cells(rows: list[dict], columns: list[tuple]) -> list[list[str]]:
+    """Header and formatted cells; columns are (key, header, format spec[, scale]), and a
+    missing value is '-'."""
+    columns = [tuple(c) + (1,) * (4 - len(c)) for c in columns]
+    return [[c[1] for c in columns]] + [
+        [("-" if r.get(k) is None else format(r[k] * scale, f) if f else str(r[k])) for k, _, f, scale in columns]
+        for r in rows]
+
+
+def table(rows: list[dict], columns: list[tuple], out=sys.stdout) -> None:
     """Print rows as an aligned table; columns are (key, header, format spec[, scale])."""
-    columns = [tuple(c) + (1,) * (4 - len(c)) for c in columns]   # optional 4th: a scale
-    cells = [[c[1] for c in columns]]
-    for r in rows:
-        cells.append([("-" if r.get(k) is None else format(r[k] * scale, f) if f else str(r[k]))
-                      for k, _, f, scale in columns])
-    widths = [max(len(c[i]) for c in cells) for i in range(len(columns))]
+    cells = _cells(rows, columns)
+    widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
     for i, line in enumerate(cells):
         print("  ".join(c.rjust(w) for c, w in zip(line, widths)), file=out)
         if i == 0:
             print("  ".join("-" * w for w in widths), file=out)
     out.flush()
+
+
+def md_table(rows: list[dict], columns: list[tuple]) -> str:
+    """The same as a Markdown table."""
+    cells = _cells(rows, columns)
+    lines = ["| " + " | ".join(cells[0]) + " |", "|" + "---|" * len(cells[0])]
+    lines += ["| " + " | ".join(line) + " |" for line in cells[1:]]
+    return "\n".join(lines) + "\n"
 
 
 def write_json(path, payload) -> None:

@@ -18,12 +18,11 @@ import platform
 import sys
 from pathlib import Path
 
-from psrt.bench import jobs, report
+from psrt.bench import jobs, report, training
 from psrt.errors import PsrtError
 
 PARTS = ("collectives", "training", "network")
-COLLECTIVE_ALGORITHMS = "ps,ring,halving-doubling,tree,native,torch,horovod"
-TRAINING_STRATEGIES = "ps,ps-sharded,ring,native,torch,torch-ddp,horovod"
+COLLECTIVE_ALGORITHMS = ("ps", "ring", "halving-doubling", "tree", "native", "torch", "horovod")
 
 
 def settings(args) -> dict:
@@ -54,11 +53,11 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     plan = settings(args)
     no_netns = netns_ok()
-    horovod = _has_horovod()
+    horovod = training.available(["horovod"]) == ["horovod"]
     sections, goals = [], []
     say = (lambda text: None) if args.quiet else (lambda text: print(f"psrt.bench suite: {text}", file=sys.stderr, flush=True))
     if "collectives" in args.parts:
-        algos = COLLECTIVE_ALGORITHMS if horovod else COLLECTIVE_ALGORITHMS.replace(",horovod", "")
+        algos = ",".join(training.available(list(COLLECTIVE_ALGORITHMS)))
         rows = []
         for n in plan["np"]:
             say(f"collectives on {n} ranks")
@@ -71,7 +70,7 @@ def run(args) -> int:
         sections.append(collectives_section(rows, plan["np"]))
         goals += collectives_goals(rows, horovod)
     if "training" in args.parts:
-        dps = TRAINING_STRATEGIES if horovod else TRAINING_STRATEGIES.replace(",horovod", "")
+        dps = ",".join(training.available(list(training.DEFAULT_STRATEGIES)))
         rows = []
         for n in plan["train_np"]:
             say(f"training on {n} rank(s)")
@@ -86,9 +85,7 @@ def run(args) -> int:
                     got = jobs.on_cluster(cluster, [("node0", n // 2), ("node1", n // 2)],
                                           ["training", "--quiet", "--dp", dps] + plan["train"])
                     rows += [dict(r, where="2 emulated hosts") for r in got["rows"]]
-        single = next((r for r in rows if r["ranks"] == 1), None)
-        from psrt.bench.training import scaling
-        scaling([r for r in rows if r["ranks"] > 1], single)
+        training.scaling([r for r in rows if r["ranks"] > 1], next((r for r in rows if r["ranks"] == 1), None))
         report.write_json(out / "training.json", {"rows": rows})
         report.write_csv(out / "training.csv", rows)
         plot_training(rows, out / "training.png")
@@ -113,11 +110,6 @@ def run(args) -> int:
     print(text)
     print(f"wrote {out}/report.md and the JSON, CSV and PNG files beside it", file=sys.stderr)
     return 0
-
-
-def _has_horovod() -> bool:
-    from psrt.bench.training import available
-    return available(["horovod"]) == ["horovod"]
 
 
 def rows_of(rows: list[dict], n: int) -> list[dict]:
@@ -157,19 +149,6 @@ def training_goals(rows: list[dict]) -> list[dict]:
 
 # --- the report -------------------------------------------------------------------------------
 
-def md_table(rows: list[dict], columns: list[tuple]) -> str:
-    """A Markdown table; columns are (key, header, format[, scale])."""
-    lines = ["| " + " | ".join(c[1] for c in columns) + " |", "|" + "---|" * len(columns)]
-    for r in rows:
-        cells = []
-        for c in columns:
-            key, fmt, scale = c[0], c[2], c[3] if len(c) > 3 else 1
-            v = r.get(key)
-            cells.append("-" if v is None else format(v * scale, fmt) if fmt else str(v))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
 def collectives_section(rows: list[dict], nps: list[int]) -> str:
     text = ["## Collectives: allreduce busbw (GB/s), float32, one host\n",
             "`python -m psrt.bench collectives` per world size; time = median of the timed loops, "
@@ -182,7 +161,7 @@ def collectives_section(rows: list[dict], nps: list[int]) -> str:
         table_rows = [dict({"size": report.fmt_bytes(s)},
                            **{a: at[(a, s)]["busbw_gbs"] for a in algos if (a, s) in at}) for s in sizes]
         text.append(f"### N = {n}\n\n![busbw, N={n}](allreduce_np{n}.png)\n")
-        text.append(md_table(table_rows, [("size", "size", "")] + [(a, a, ".3f") for a in algos]))
+        text.append(report.md_table(table_rows, [("size", "size", "")] + [(a, a, ".3f") for a in algos]))
         wrong = sum(r["wrong"] for r in sel)
         text.append(f"\n{wrong} wrong elements in all.\n")
     return "\n".join(text)
@@ -195,28 +174,19 @@ def training_section(rows: list[dict]) -> str:
             "per rank (weak scaling); step = median over rounds, slowest rank; scaling efficiency = "
             "samples/s / (N x one process's); x torch DDP = torch DDP's step / this step.\n\n"
             "![step time](training.png)\n\n"
-            + md_table(rows, [("where", "where", ""), ("ranks", "ranks", "d"), ("dp", "strategy", ""),
-                              ("step_s", "step (ms)", ".1f", 1e3), ("samples_per_s", "samples/s", ".0f"),
-                              ("efficiency", "scaling eff.", ".0%"), ("vs_torch_ddp", "x torch DDP", ".2f")]))
+            + report.md_table(rows, [("where", "where", "")] + training.COLUMNS))
 
 
 def network_section(payload: dict) -> str:
-    fits = "\n".join(f"- {k.split('/')[0]} links ({'2 hosts of 4 ranks' if k.endswith('/4') else 'hosts of 1 rank'}): "
-                     f"alpha = {f['alpha_s'] * 1e6:.0f} us, beta = {f['beta_s_per_byte'] * 1e9:.2f} ns/B "
-                     f"({1e-6 / f['beta_s_per_byte']:.0f} MB/s)" for k, f in payload["fits"].items())
-    rows = [dict(r, size=report.fmt_bytes(r["nbytes"]),
-                 bound="network" if r["network_bound"] else ("cpu" if r["floor_s"] else "-"))
-            for r in payload["rows"]]
+    from psrt.bench import network
     return ("## Network-bound regime: PS vs ring on emulated hosts\n\n"
             "Hosts are network namespaces whose links are shaped with tc (tbf) in both directions. "
             "Predicted: T = steps x alpha + beta x (bytes over the busiest link direction) "
             "(psrt/bench/alpha_beta.py). `unshaped` is the same job on unshaped links, the floor set "
             "by this machine's cores; a row is network-bound where that floor is under 25% of the "
-            "measurement, and only those rows test the model.\n\n" + fits + "\n\n![time vs hosts](network.png)\n\n"
-            + md_table(rows, [("rate", "link", ""), ("layout", "hosts x ranks", ""), ("size", "size", ""),
-                              ("algorithm", "algorithm", ""), ("measured_s", "measured (s)", ".3f"),
-                              ("predicted_s", "predicted (s)", ".3f"), ("error", "error", "+.0%"),
-                              ("floor_s", "unshaped (s)", ".3f"), ("bound", "bound by", "")]))
+            "measurement, and only those rows test the model.\n\n"
+            + "\n".join(f"- {line}" for line in network.fit_lines(payload))
+            + "\n\n![time vs hosts](network.png)\n\n" + report.md_table(payload["rows"], network.COLUMNS))
 
 
 def machine() -> str:
@@ -237,7 +207,7 @@ def markdown(args, sections: list[str], goals: list[dict]) -> str:
             f"- date: {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}\n",
             "## Goals, as measured in this run\n"]
     from psrt.bench.__main__ import status
-    head.append(md_table([dict(g, status=status(g)) for g in goals],
+    head.append(report.md_table([dict(g, status=status(g)) for g in goals],
                          [("goal", "goal", ""), ("value", "measured", ""), ("status", "", "")])
                 if goals else "(no goal applies to the parts run)\n")
     return "\n".join(head) + "\n" + "\n".join(sections)

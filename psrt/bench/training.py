@@ -14,6 +14,7 @@ bucketed DDP reducing through torch.distributed.
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 
@@ -45,11 +46,8 @@ class TorchDDPPeer(DataParallel):
         n = len(microbatches)
         total = 0.0
         for k, mb in enumerate(microbatches):
-            if k < n - 1:
-                with self.ddp.no_sync():
-                    loss = loss_fn(mb)
-                    (loss / n).backward()
-            else:
+            # Only the last micro-batch's backward all-reduces (DDP's no_sync for the rest).
+            with self.ddp.no_sync() if k < n - 1 else contextlib.nullcontext():
                 loss = loss_fn(mb)
                 (loss / n).backward()
             total += loss.item()
@@ -67,10 +65,12 @@ def make_strategy(name: str, model, make_optimizer, comm, bucket_mb: float | Non
 
 def available(names: list[str]) -> list[str]:
     """`names` without horovod where it is not installed (said by the caller)."""
+    from psrt.dp.horovod import import_horovod
+    from psrt.errors import PsrtError
     if "horovod" in names:
         try:
-            import horovod.torch  # noqa: F401
-        except ImportError:
+            import_horovod()
+        except PsrtError:
             return [n for n in names if n != "horovod"]
     return names
 
@@ -78,7 +78,9 @@ def available(names: list[str]) -> list[str]:
 def measure(world, names: list[str], model_name: str = "mlp", width: int = 1024, layers: int = 2,
             per_rank_batch: int = 32, steps: int = 5, rounds: int = 3, warmup: int = 2,
             bucket_mb: float | None = None, progress=None) -> list[dict]:
-    """Rows {dp, ranks, step_s, step_min_s, samples_per_s, params} on every rank (the same)."""
+    """One row per strategy, the same on every rank: step time (slowest and fastest rank),
+    samples/s, the ratio to torch DDP, and how far its parameters ended from the first
+    strategy's (max_param_diff)."""
     import psrt
     from psrt.data import load
     from psrt.models import build_model, loss_and_correct
@@ -116,11 +118,12 @@ def measure(world, names: list[str], model_name: str = "mlp", width: int = 1024,
                 # torch's DDP must see the forward pass through its wrapper
                 forward = getattr(s, "ddp", s.model)
                 loss_fn = lambda mb, m=forward: loss_and_correct(m, mb, dataset.task)[0]  # noqa: E731
+                k = warmup if r == 0 else steps
                 ctl.Barrier()
                 t0 = time.perf_counter()
-                for i in range(warmup if r == 0 else steps):
+                for i in range(k):
                     s.step(loss_fn, data[i % len(data)])
-                per = ctl.allgather((time.perf_counter() - t0) / (warmup if r == 0 else steps))
+                per = ctl.allgather((time.perf_counter() - t0) / k)
                 if r:
                     times[name].append(max(per))
                     fastest[name].append(min(per))
@@ -143,7 +146,7 @@ def measure(world, names: list[str], model_name: str = "mlp", width: int = 1024,
         t = statistics.median(times[name])
         # Same start, same samples, same number of steps: every strategy must end where the
         # first one does, on every rank (float32 sums in different orders: not bitwise).
-        diff = world.comm.allreduce(float((params[name] - params[names[0]]).abs().max()), op=_max())
+        diff = max(world.comm.allgather(float((params[name] - params[names[0]]).abs().max())))
         rows.append({"dp": name, "ranks": world.size, "hosts": world.num_nodes, "workers": workers,
                      "params": nparams, "global_batch": batch, "step_s": t,
                      "step_min_s": statistics.median(fastest[name]), "samples_per_s": batch / t,
@@ -154,9 +157,10 @@ def measure(world, names: list[str], model_name: str = "mlp", width: int = 1024,
     return rows
 
 
-def _max():
-    from mpi4py import MPI
-    return MPI.MAX
+COLUMNS = [("dp", "strategy", ""), ("ranks", "ranks", "d"), ("hosts", "hosts", "d"),
+           ("step_s", "step (ms)", ".1f", 1e3), ("step_min_s", "fastest rank (ms)", ".1f", 1e3),
+           ("samples_per_s", "samples/s", ".0f"), ("efficiency", "scaling eff.", ".0%"),
+           ("vs_torch_ddp", "x torch DDP", ".2f"), ("max_param_diff", "param diff", ".1e")]
 
 
 def scaling(rows: list[dict], single: dict) -> None:

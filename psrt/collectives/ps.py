@@ -76,6 +76,7 @@ def allreduce(comm, buf: torch.Tensor, op: str, root: int = 0) -> None:
         buf.copy_(out)
         return
     others = [r for r in range(comm.size) if r != root]
+    row = {src: i for i, src in enumerate(others)}   # each sender's row of a slot
     slots = [scratch(buf, step * len(others)).view(len(others), step) for _ in range(PIPELINE_DEPTH)]
 
     def post(k: int) -> list:
@@ -90,7 +91,7 @@ def allreduce(comm, buf: torch.Tensor, op: str, root: int = 0) -> None:
         part, got = buf[lo:hi], slots[k % PIPELINE_DEPTH][:, :hi - lo]
         mine = part.clone() if root != 0 else None
         for r in range(comm.size):   # left to right over ranks
-            x = mine if r == root else got[others.index(r)]
+            x = mine if r == root else got[row[r]]
             if r == 0:
                 if root != 0:
                     part.copy_(x)

@@ -230,13 +230,12 @@ class DDP(DataParallel):
         for bucket in self.buckets:
             bucket.handle.wait()
         comm_s = time.perf_counter() - waited
+        # The optimizer reads the averaged gradients where they landed, in the buckets
+        # (PyTorch DDP's gradient_as_bucket_view), instead of a copy.  The next step's
+        # zero_grad(set_to_none=True) detaches them again before backward writes.
         for bucket in self.buckets:
             for i, p in enumerate(bucket.params):
-                grad = bucket.slot(i).view_as(p)
-                if p.grad is None:
-                    p.grad = grad.clone()
-                else:
-                    p.grad.copy_(grad)
+                p.grad = bucket.slot(i).view_as(p)
         self.optimizer.step()
         elapsed = time.perf_counter() - start
         sent = sum(self.reducer.wire_bytes(b.flat) for b in self.buckets)

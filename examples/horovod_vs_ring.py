@@ -12,11 +12,11 @@ Needs horovod (scripts/install_horovod.sh).
 import sys
 
 import psrt
-from psrt import report
-from psrt.config import parse_args
-from psrt.data import load
+from psrt.train import report
+from psrt.train.config import parse_args
+from psrt.train.data import load
 from psrt.errors import PsrtError, cli_main
-from psrt.train import check_paths, set_threads, train_one
+from psrt.train.loop import check_paths, set_threads, train_one
 
 STRATEGIES = "horovod,ring"
 

@@ -9,10 +9,10 @@ loss and timings; at the end it reassembles the model and prints its size.
 import argparse
 
 import psrt
-from psrt.data import text
+from psrt.train.data import text
 from psrt.errors import cli_main
 from psrt.grid import Grid
-from psrt.hybrid import HybridConfig, run
+from psrt.train.hybrid import HybridConfig, run
 
 
 @cli_main("examples/hybrid.py")

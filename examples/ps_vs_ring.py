@@ -16,10 +16,10 @@ import time
 import torch
 
 import psrt
-from psrt.data import ShardedSampler, digits
+from psrt.train.data import ShardedSampler, digits
 from psrt.dp import strategy_class
-from psrt.models import build_model, loss_and_correct
-from psrt.report import human_bytes
+from psrt.train.models import build_model, loss_and_correct
+from psrt.train.report import human_bytes
 
 
 def train(dp: str, args, world, dataset) -> dict | None:

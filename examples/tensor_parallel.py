@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 
 import psrt
-from psrt.data import text
+from psrt.train.data import text
 from psrt.errors import cli_main
 from psrt.grid import Grid
-from psrt.models import TransformerLM
+from psrt.train.models import TransformerLM
 from psrt.tp import CountingGroup, shard_dense
 
 

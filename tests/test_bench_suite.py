@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from psrt.bench import alpha_beta, network
-from psrt.bench.alpha_beta import Fit
+from psrt.bench import network
+from psrt.collectives import cost as alpha_beta
+from psrt.collectives.cost import Fit
 from psrt.bench.suite import netns_ok
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -88,7 +88,7 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path, dp):
 
 KILL_MID_WRITE = r"""
 import os, signal, sys, torch
-from psrt import checkpoint
+from psrt.train import checkpoint
 path = sys.argv[1]
 checkpoint.atomic_save({"step": 1, "w": torch.arange(100000.0)}, path)
 real_save = torch.save
@@ -122,7 +122,7 @@ def test_kill_during_checkpoint_write_keeps_the_previous_one(tmp_path):
 
 def test_interrupted_write_in_process_cleans_up(tmp_path, monkeypatch):
     """An exception during the write (disk full, Ctrl-C) leaves the old file and no temp file."""
-    from psrt import checkpoint
+    from psrt.train import checkpoint
     path = tmp_path / "ckpt.pt"
     checkpoint.atomic_save({"step": 1}, str(path))
 
@@ -138,7 +138,7 @@ def test_interrupted_write_in_process_cleans_up(tmp_path, monkeypatch):
 
 
 def test_stale_temp_files_of_killed_writes_are_removed(tmp_path):
-    from psrt.checkpoint import atomic_save
+    from psrt.train.checkpoint import atomic_save
     target = tmp_path / "ckpt.pt"
     stale = tmp_path / ".ckpt.pt.abc123.tmp"          # what a SIGKILL mid-write leaves
     stale.write_bytes(b"half a checkpoint")

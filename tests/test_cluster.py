@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from psrt import cluster as C
+from psrt.launch import cluster as C
 from psrt.errors import PsrtError
-from psrt.launcher import Request, parse_hosts, plan_mpirun
+from psrt.launch.plan import Request, parse_hosts, plan_mpirun
 
 ROOT = Path(__file__).resolve().parent.parent
 

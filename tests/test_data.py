@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from psrt.data import ShardedSampler, digits, load, synthetic, text
+from psrt.train.data import ShardedSampler, digits, load, synthetic, text
 from psrt.errors import PsrtError
 
 

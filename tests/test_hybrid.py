@@ -8,7 +8,7 @@ import pytest
 
 from psrt.errors import PsrtError
 from psrt.grid import rank_of
-from psrt.hybrid import HybridConfig
+from psrt.train.hybrid import HybridConfig
 
 
 def test_config_check_refuses_layouts_that_cannot_work():
@@ -35,7 +35,7 @@ def test_2x2x2_matches_one_process(run_ranks):
 
 
 def test_config_for_model_reads_the_transformer():
-    from psrt.models import MLP, TransformerLM
+    from psrt.train.models import MLP, TransformerLM
     cfg = HybridConfig.for_model(TransformerLM(vocab=50, dim=32, layers=3, heads=2, max_len=16),
                                  microbatches=2)
     assert (cfg.vocab, cfg.dim, cfg.layers, cfg.heads, cfg.seq_len, cfg.microbatches) == (50, 32, 3, 2, 16, 2)

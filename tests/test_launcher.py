@@ -1,4 +1,4 @@
-"""mpi_launch and psrt.launcher: hostfiles, placement, and the exact launcher command lines.
+"""mpi_launch and psrt.launch.plan: hostfiles, placement, and the exact launcher command lines.
 
 Command lines are built by pure functions (flavour, environment, core count passed in), so
 Open MPI 5, MPICH and srun are checked here although only Open MPI 4 is installed.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from psrt import hostfile as H
-from psrt import launcher as L
+from psrt.launch import hostfile as H
+from psrt.launch import plan as L
 from psrt.errors import PsrtError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,7 +5,7 @@ Opt-in, because the first run builds a virtual environment per MPI (PyPI `openmp
 
     PSRT_TEST_OTHER_MPI=1 python -m pytest -q tests/test_other_mpi.py
 
-Each case checks, inside that environment, that mpi4py loads that MPI, that psrt.launcher
+Each case checks, inside that environment, that mpi4py loads that MPI, that psrt.launch.plan
 names it, and that the matrix started with psrt's own `local_mpirun_prefix(3)` (the prefix
 the test fixture uses) reports no failure on any of the 3 ranks.  docs/mpi_support.md has
 the commands typed by hand and their results.
@@ -29,7 +29,7 @@ pytestmark = [
                        reason="builds an Open MPI 5 / MPICH environment: set PSRT_TEST_OTHER_MPI=1"),
 ]
 
-# flavour -> (what psrt.launcher.mpi_flavour must say, start of MPI_Get_library_version)
+# flavour -> (what psrt.launch.plan.mpi_flavour must say, start of MPI_Get_library_version)
 MPIS = {
     "openmpi5": ("openmpi5", "Open MPI v5."),
     "mpich": ("mpich", "MPICH Version:"),
@@ -39,7 +39,7 @@ PROBE = """
 import json, mpi4py
 mpi4py.rc.initialize = mpi4py.rc.finalize = False
 from mpi4py import MPI
-from psrt.launcher import local_mpirun_prefix, mpi_flavour
+from psrt.launch.plan import local_mpirun_prefix, mpi_flavour
 print("PROBE " + json.dumps({"library": MPI.Get_library_version(), "mpi4py": mpi4py.__file__,
                              "flavour": mpi_flavour(), "prefix": local_mpirun_prefix(3)}))
 """

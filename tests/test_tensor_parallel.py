@@ -1,6 +1,6 @@
 """Tensor parallelism under MPI (tests/mpi/tp_equivalence.py on 2 ranks): column/row-parallel
 linear, vocabulary-parallel embedding and cross-entropy, attention with heads split, and the
-TP transformer loaded from psrt.models.TransformerLM, each against the dense module (values
+TP transformer loaded from psrt.train.models.TransformerLM, each against the dense module (values
 and gradients, fp32 rtol 1e-5 / atol 4e-5); TP=2 equals TP=1; Megatron-LM's communication
 count per block."""
 import pytest

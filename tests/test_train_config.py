@@ -3,7 +3,7 @@ import dataclasses
 
 import pytest
 
-from psrt.config import TrainConfig, build_parser, parse_args
+from psrt.train.config import TrainConfig, build_parser, parse_args
 from psrt.errors import PsrtError
 
 

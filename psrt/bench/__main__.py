@@ -40,7 +40,7 @@ def run_collectives(args) -> int:
     import psrt
     from psrt.bench import collectives as cb
     from psrt.bench import report
-    from psrt.report import Progress
+    from psrt.train.report import Progress
 
     world = psrt.init()
     sizes = _sizes(args)
@@ -110,7 +110,8 @@ def run_collectives(args) -> int:
 def run_pingpong(args) -> int:
     """Ping-pong between the first and the last rank; prints and writes T(m) and the fit."""
     import psrt
-    from psrt.bench import alpha_beta, pingpong, report
+    from psrt.bench import pingpong, report
+    from psrt.collectives import cost as alpha_beta
 
     world = psrt.init()
     if world.size < 2:
@@ -141,7 +142,7 @@ def run_training(args) -> int:
     """Step time of every strategy on one model, in one job (run under mpirun)."""
     import psrt
     from psrt.bench import report, training
-    from psrt.report import Progress
+    from psrt.train.report import Progress
 
     world = psrt.init()
     asked = args.dp.split(",") if args.dp else list(training.DEFAULT_STRATEGIES)
@@ -364,7 +365,7 @@ def check_args(args) -> None:
         for name in ("width", "layers", "batch", "steps", "rounds"):
             need(getattr(args, name) >= 1, f"--{name} {getattr(args, name)}: must be at least 1")
     elif args.command == "network":
-        from psrt.cluster import _RATE
+        from psrt.launch.cluster import _RATE
         args.rates = [r.strip() for r in args.rates.split(",")]
         bad = [r for r in args.rates if not _RATE.match(r)]
         need(not bad, f"--rates {','.join(bad)}: expected tc rates such as 1gbit,100mbit")

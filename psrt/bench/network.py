@@ -15,9 +15,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from psrt.bench import alpha_beta, jobs
+from psrt.bench import jobs
+from psrt.collectives import cost as alpha_beta
 from psrt.bench.report import fmt_bytes
-from psrt.report import Progress
+from psrt.train.report import Progress
 
 ALGORITHMS = ("ps", "ring", "native")
 SUBNET = "198.18.7.0/24"
@@ -61,7 +62,7 @@ def quicken(ns):
 def size_for(rate: str, fastest: str, size: int) -> int:
     """`size` at the fastest rate; slower links get proportionally less (a power of two, at
     least 1 MiB), so every rate takes about as long."""
-    from psrt.cluster import _rate_bytes
+    from psrt.launch.cluster import _rate_bytes
     scaled = size * _rate_bytes(rate) / _rate_bytes(fastest)
     return max(1 << 20, min(size, 1 << int(math.log2(max(scaled, 1)))))
 
@@ -77,7 +78,7 @@ def groups(args) -> list[tuple[str | None, int, list[Layout]]]:
 
 def run(args) -> dict:
     """Every measurement, fit and prediction of the regime; returns the report payload."""
-    from psrt import cluster as C
+    from psrt.launch import cluster as C
     C.require_netns()
     fastest = max(args.rates, key=C._rate_bytes)
     sizes = {rate: size_for(rate, fastest, args.size) for rate in args.rates}

@@ -3,7 +3,7 @@
 The first rank sends m bytes, the last rank sends them back; half the round trip is the
 one-way time T(m).  On a link that behaves like Hockney's model, T(m) = alpha + m * beta
 (R. W. Hockney, "The communication challenge for MPP: Intel Paragon and Meiko CS-2",
-Parallel Computing 20(3), 1994); psrt.bench.alpha_beta fits the two numbers.  Run the two
+Parallel Computing 20(3), 1994); psrt.collectives.cost fits the two numbers.  Run the two
 ranks on different hosts (the first and last rank of a job with one rank per host) to
 measure the link between them.
 """

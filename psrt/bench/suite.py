@@ -40,7 +40,7 @@ def settings(args) -> dict:
 
 def netns_ok() -> str | None:
     """None where emulated clusters can be made, else why not."""
-    from psrt import cluster as C
+    from psrt.launch import cluster as C
     try:
         C.require_netns()
     except PsrtError as err:
@@ -77,7 +77,7 @@ def run(args) -> int:
             got = jobs.local(n, ["training", "--quiet", "--dp", "ring" if n == 1 else dps] + plan["train"])
             rows += [dict(r, where="one host") for r in got["rows"]]
         if plan["cluster_np"] and no_netns is None:
-            from psrt import cluster as C
+            from psrt.launch import cluster as C
             cluster = C.Cluster(("node0", "node1"), "198.18.8.0/24")
             with C.running(cluster):
                 for n in plan["cluster_np"]:
@@ -182,7 +182,7 @@ def network_section(payload: dict) -> str:
     return ("## Network-bound regime: PS vs ring on emulated hosts\n\n"
             "Hosts are network namespaces whose links are shaped with tc (tbf) in both directions. "
             "Predicted: T = steps x alpha + beta x (bytes over the busiest link direction) "
-            "(psrt/bench/alpha_beta.py). `unshaped` is the same job on unshaped links, the floor set "
+            "(psrt/collectives/cost.py). `unshaped` is the same job on unshaped links, the floor set "
             "by this machine's cores; a row is network-bound where that floor is under 25% of the "
             "measurement, and only those rows test the model.\n\n"
             + "\n".join(f"- {line}" for line in network.fit_lines(payload))

@@ -82,8 +82,8 @@ def measure(world, names: list[str], model_name: str = "mlp", width: int = 1024,
     samples/s, the ratio to torch DDP, and how far its parameters ended from the first
     strategy's (max_param_diff)."""
     import psrt
-    from psrt.data import load
-    from psrt.models import build_model, loss_and_correct
+    from psrt.train.data import load
+    from psrt.train.models import build_model, loss_and_correct
 
     dataset = load("synthetic" if model_name != "transformer" else "text")
     ctl = world.comm.Dup()

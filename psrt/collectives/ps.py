@@ -61,7 +61,7 @@ def allreduce(comm, buf: torch.Tensor, op: str, root: int = 0) -> None:
     """Reduce at the root and send the result back, pipelined by segments: the root returns
     segment k to the workers while segments k+1.. come in, so on a full-duplex link the
     server needs (N-1) x M / bandwidth, not twice that as a store-and-forward server would
-    (psrt.bench.alpha_beta has the model).  Each segment is reduced in rank order, so the
+    (psrt.collectives.cost has the model).  Each segment is reduced in rank order, so the
     result is the same left-to-right sum as `reduce` gives."""
     if comm.size == 1 or buf.numel() == 0:
         return

@@ -1,7 +1,7 @@
 """Tensor parallelism (Shoeybi et al., "Megatron-LM", 2019): the f/g operators (comm.py),
 column/row-parallel linear and vocabulary-parallel embedding (layers.py), attention with
 heads split (attention.py), vocabulary-parallel cross-entropy (loss.py) and the TP
-transformer LM with its loader from the dense psrt.models.TransformerLM (model.py).
+transformer LM with its loader from the dense psrt.train.models.TransformerLM (model.py).
 Every layer takes `group`, a psrt Communicator over the TP ranks (Grid.tp_group).
 """
 from psrt.tp.attention import ParallelAttention

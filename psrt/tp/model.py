@@ -1,4 +1,4 @@
-"""The tensor-parallel transformer LM, the mirror of psrt.models.TransformerLM.
+"""The tensor-parallel transformer LM, the mirror of psrt.train.models.TransformerLM.
 
 Same layout (`embed` -> `blocks` -> `head`, so a pipeline stage takes a run of blocks the
 same way), same computation, weights split over the TP ranks:
@@ -10,8 +10,8 @@ same way), same computation, weights split over the TP ranks:
 Replicated parameters get identical gradients on every TP rank without communication: their
 inputs and output gradients are already whole and equal everywhere (f and g see to it).
 
-`shard_dense` loads a dense psrt.models.TransformerLM into it; `shard_specs` says which
-slice of which dense tensor each parameter is, so tests and psrt.hybrid compare parameters
+`shard_dense` loads a dense psrt.train.models.TransformerLM into it; `shard_specs` says which
+slice of which dense tensor each parameter is, so tests and psrt.train.hybrid compare parameters
 and gradients with a single-process run.
 """
 from __future__ import annotations
@@ -106,7 +106,7 @@ def loss_fn(group, vocab: int):
 def shard_specs(model: TPTransformerLM) -> dict[str, tuple[str, int | None, torch.Tensor | None]]:
     """TP parameter name -> (dense parameter name, dim it is sliced along or None, indices).
 
-    Dense names are those of psrt.models.TransformerLM.
+    Dense names are those of psrt.train.models.TransformerLM.
     """
     g, d, h, v = model.group, model.dim, model.hidden, model.vocab
 
@@ -144,13 +144,13 @@ def take(spec, tensor: torch.Tensor) -> torch.Tensor:
 
 
 def shard_dense(dense: nn.Module, group) -> TPTransformerLM:
-    """A TPTransformerLM holding this rank's slices of a dense psrt.models.TransformerLM."""
+    """A TPTransformerLM holding this rank's slices of a dense psrt.train.models.TransformerLM."""
     try:
         vocab, dim = dense.embed.tok.num_embeddings, dense.embed.tok.embedding_dim
         heads, max_len = dense.blocks[0].heads, dense.embed.pos.num_embeddings
         hidden = dense.blocks[0].mlp[0].out_features
     except (AttributeError, IndexError, TypeError) as err:
-        raise PsrtError(f"shard_dense needs a psrt.models.TransformerLM (embed.tok, embed.pos, "
+        raise PsrtError(f"shard_dense needs a psrt.train.models.TransformerLM (embed.tok, embed.pos, "
                         f"blocks[i].qkv/proj/mlp, head.ln/out): {err}") from None
     # Each rank initialises shards of its own sizes: keep that from moving the caller's RNG,
     # so what the caller draws next is the same on every rank and for every TP degree.

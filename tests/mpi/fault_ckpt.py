@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from psrt import checkpoint, train
+from psrt.train import checkpoint, loop as train
 
 saves, marker = int(sys.argv[1]), sys.argv[2]
 argv = sys.argv[sys.argv.index("--") + 1:]

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import psrt
 from psrt.grid import Grid
-from psrt.hybrid import HybridConfig, dense_model, run
+from psrt.train.hybrid import HybridConfig, dense_model, run
 from psrt.tp.model import take
 
 RTOL, ATOL = 1e-5, 4e-5

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import psrt
-from psrt.models import TransformerLM
+from psrt.train.models import TransformerLM
 from psrt.tp import (ColumnParallelLinear, CountingGroup, ParallelAttention, RowParallelLinear,
                      VocabParallelEmbedding, shard_dense, shard_range, shard_specs, take,
                      vocab_parallel_cross_entropy)

@@ -14,11 +14,11 @@ import typing
 from dataclasses import dataclass, field
 
 from psrt.collectives import ALL_ALGORITHMS
-from psrt.data import DATASETS
+from psrt.train.data import DATASETS
 from psrt.dp import STRATEGIES
 from psrt.dp.ddp import COMPRESS
 from psrt.errors import ArgumentParser, PsrtError
-from psrt.models import MODELS
+from psrt.train.models import MODELS
 
 OPTIMIZERS = ("sgd", "adam")
 DEFAULT_LR = {"sgd": 0.1, "adam": 3e-3}

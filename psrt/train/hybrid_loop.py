@@ -1,5 +1,5 @@
 """The --pp/--tp path of `python -m psrt.train`: the transformer cut into pipeline stages,
-tensor-parallel inside each stage, data parallel over the remaining ranks (psrt.hybrid).
+tensor-parallel inside each stage, data parallel over the remaining ranks (psrt.train.hybrid).
 
 Every rank sees the same global batch from the sampler; the trainer slices it by data-parallel
 rank and micro-batch, weighting each by its share of the global batch, so the gradients are
@@ -11,10 +11,10 @@ import time
 
 import torch
 
-from psrt import checkpoint, report
-from psrt.data import ShardedSampler
+from psrt.train import checkpoint, report
+from psrt.train.data import ShardedSampler
 from psrt.errors import PsrtError
-from psrt.models import build_model
+from psrt.train.models import build_model
 
 # --dp names the reducer over the dp axis; these are the ones a hybrid run can use.
 HYBRID_DP = {"ring": "ring", "ps": "ps", "native": "native", "torch": "torch"}
@@ -23,7 +23,7 @@ HYBRID_DP = {"ring": "ring", "ps": "ps", "native": "native", "torch": "torch"}
 def train_hybrid(cfg, dp: str, world, ctl, dataset, make_optimizer, evaluate, summarize) -> dict | None:
     """Train with a DP x PP x TP grid; returns the summary row on grid rank 0, else None."""
     from psrt.grid import Grid
-    from psrt.hybrid import HybridConfig, HybridTrainer
+    from psrt.train.hybrid import HybridConfig, HybridTrainer
 
     if cfg.model != "transformer":
         raise PsrtError(f"--pp {cfg.pp} --tp {cfg.tp}: model parallelism splits the transformer; "

@@ -120,7 +120,7 @@ class TransformerLM(nn.Module):
 
 
 def build_model(name: str, dataset, width: int = 0, layers: int = 0) -> nn.Module:
-    """The model `name` shaped for `dataset` (a psrt.data.Dataset).
+    """The model `name` shaped for `dataset` (a psrt.train.data.Dataset).
 
     width: hidden units (mlp), channels x 8 (cnn) or model dimension (transformer);
     layers: hidden layers (mlp) or blocks (transformer).  0 picks the model's default.

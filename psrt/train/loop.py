@@ -17,14 +17,15 @@ import time
 import torch
 
 import psrt
-from psrt import checkpoint, faults, report
-from psrt.config import TrainConfig, parse_args
-from psrt.data import ShardedSampler, load
+from psrt import faults
+from psrt.train import checkpoint, report
+from psrt.train.config import TrainConfig, parse_args
+from psrt.train.data import ShardedSampler, load
 from psrt.dp import strategy_class
 from psrt.dp.base import StepStats
 from psrt.errors import PsrtError, cli_main
-from psrt.models import build_model, loss_and_correct
-from psrt.train_hybrid import train_hybrid
+from psrt.train.models import build_model, loss_and_correct
+from psrt.train.hybrid_loop import train_hybrid
 from psrt.watchdog import Watchdog
 
 

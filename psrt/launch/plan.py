@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from psrt.errors import ArgumentParser, PsrtError, cli_main
-from psrt.hostfile import (Host, hostfile_syntax, is_local,
+from psrt.launch.hostfile import (Host, hostfile_syntax, is_local,
                            parse_hostfile, parse_hosts, slots_of)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_HOSTFILE = ROOT / "hostfiles" / "localhost"
 FLAVOURS = ("openmpi4", "openmpi5", "mpich")
 
@@ -430,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         mpirun = find_mpirun(args.mpirun)
         flavour = args.flavour or mpi_flavour(mpirun)
     if args.emulate:
-        from psrt import cluster
+        from psrt.launch import cluster
         return cluster.launch(req, flavour, mpirun, env, cores, args, dry_run=args.dry_run)
     if args.rate or args.delay or args.subnet:
         raise PsrtError("--rate, --delay and --subnet shape the emulated cluster: add --emulate")

@@ -35,7 +35,7 @@ from psrt.tp.model import loss_fn, shard_dense, shard_specs
 class HybridConfig:
     """Model, schedule and optimizer of a hybrid run.
 
-    vocab, dim, layers, heads, seq_len: the psrt.models.TransformerLM (MLP width 4*dim).
+    vocab, dim, layers, heads, seq_len: the psrt.train.models.TransformerLM (MLP width 4*dim).
     schedule: 'gpipe', '1f1b' or 'interleaved'.  microbatches: per data-parallel rank and
     step.  virtual_stages: stages per pipeline rank ('interleaved' only).
     splits: explicit stage split points over [embed, block 0..L-1, head] (default:
@@ -63,14 +63,14 @@ class HybridConfig:
 
     @classmethod
     def for_model(cls, model: nn.Module, **options) -> "HybridConfig":
-        """The config of an existing psrt.models.TransformerLM (vocab, dim, layers, heads and
+        """The config of an existing psrt.train.models.TransformerLM (vocab, dim, layers, heads and
         seq_len read from it), with `options` for the rest."""
         try:
             shape = dict(vocab=model.embed.tok.num_embeddings, dim=model.embed.tok.embedding_dim,
                          layers=len(model.blocks), heads=model.blocks[0].heads,
                          seq_len=model.embed.pos.num_embeddings)
         except (AttributeError, IndexError, TypeError):
-            raise PsrtError("--pp/--tp need --model transformer (a psrt.models.TransformerLM)",
+            raise PsrtError("--pp/--tp need --model transformer (a psrt.train.models.TransformerLM)",
                             everywhere=True) from None
         return cls(**shape, **options)
 
@@ -88,8 +88,8 @@ class HybridConfig:
 
 
 def dense_model(cfg: HybridConfig) -> nn.Module:
-    """The single-process reference: psrt.models.TransformerLM initialised from cfg.seed."""
-    from psrt.models import TransformerLM
+    """The single-process reference: psrt.train.models.TransformerLM initialised from cfg.seed."""
+    from psrt.train.models import TransformerLM
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         return TransformerLM(vocab=cfg.vocab, dim=cfg.dim, layers=cfg.layers, heads=cfg.heads,
@@ -102,7 +102,7 @@ class HybridTrainer:
     Args:
         grid: the process grid.
         cfg: model, schedule and optimizer settings.
-        dense: a dense psrt.models.TransformerLM to start from (default: `dense_model(cfg)`);
+        dense: a dense psrt.train.models.TransformerLM to start from (default: `dense_model(cfg)`);
             identical on every rank.  Only this rank's slice is kept.
         device: where the stages and activations live.
         make_optimizer: params -> optimizer (default: cfg.optimizer from torch.optim), as
@@ -182,7 +182,7 @@ class HybridTrainer:
         return flat.numel() * flat.element_size()
 
     def dense_state_dict(self, root: int = 0) -> dict | None:
-        """The whole model as a psrt.models.TransformerLM state dict, assembled on grid rank
+        """The whole model as a psrt.train.models.TransformerLM state dict, assembled on grid rank
         `root` from every (pp, tp) shard of dp replica 0; None on the other ranks."""
         pieces = []
         if self.grid.dp_rank == 0:

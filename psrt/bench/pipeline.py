@@ -1,6 +1,6 @@
 """Model-parallel measurements next to their theory, in well under a minute.
 
-    mpirun -np 4 python -m psrt.bench_pipeline [--json FILE]
+    mpirun -np 4 python -m psrt.bench.pipeline [--json FILE]
 
 1. Pipeline bubble per schedule.  Stages do fixed-duration work (a sleep of t_f forward and
    2 t_f backward, split over the virtual stages), so the figure measures the schedule and
@@ -142,9 +142,9 @@ def _print(res: dict) -> None:
     print(f"  on the wire per rank with a ring all-reduce: {t['ring_wire_bytes_per_rank']:,} B")
 
 
-@cli_main("psrt.bench_pipeline")
+@cli_main("psrt.bench.pipeline")
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="psrt.bench_pipeline", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="psrt.bench.pipeline", description=__doc__.split("\n")[0])
     ap.add_argument("--t-forward", type=float, default=0.03, help="forward time per stage (s)")
     ap.add_argument("--microbatches", default="4,8", help="micro-batch counts, comma list")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON (rank 0)")

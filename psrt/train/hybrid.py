@@ -8,7 +8,7 @@ selectable algorithm (ring or ps, or any psrt algorithm) before the optimizer st
 Exactness: micro-batch i on data-parallel rank d is weighted by its share of the GLOBAL
 batch's target tokens, and the gradients are summed (not averaged) over dp, so a step
 computes the gradient of the global batch's mean loss exactly, for any batch size, dp
-degree or micro-batch count (tests/test_hybrid.py checks it against one process).
+degree or micro-batch count (tests/mpi/test_hybrid.py checks it against one process).
 
     grid = Grid.build(world, pp=2, tp=2)                     # dp inferred
     trainer = HybridTrainer(grid, HybridConfig(layers=4, microbatches=4))

@@ -1,0 +1,54 @@
+"""Rank side of tests/mpi/test_grid.py: every factorisation of the world into dp x pp x tp.
+
+For each, a rank reports its coordinates, the world ranks in each of its axis
+communicators (in axis-rank order), its pipeline neighbours, and the sum of the world
+ranks over each axis computed by the axis's psrt Communicator; the test recomputes all of
+it from the layout formula.  One PSRT-RESULT line per factorisation and rank, and one
+with the errors of layouts that do not fit.
+"""
+import json
+
+import torch
+
+import psrt
+from psrt.errors import PsrtError
+from psrt.grid import Grid
+
+
+def factorisations(n):
+    return [(d, p, n // (d * p)) for d in range(1, n + 1) for p in range(1, n + 1)
+            if n % (d * p) == 0]
+
+
+def main():
+    world = psrt.init()
+    for dp, pp, tp in factorisations(world.size):
+        g = Grid(dp, pp, tp, world)
+        me = torch.tensor([float(g.rank)])
+        rec = {"rank": world.rank, "degrees": [dp, pp, tp], "grid_rank": g.rank,
+               "coords": list(g.coords), "ranks": [g.dp_rank, g.pp_rank, g.tp_rank],
+               "members": {a: getattr(g, a + "_comm").allgather(g.rank) for a in ("dp", "pp", "tp")},
+               "sums": {a: getattr(g, a + "_group").allreduce(me).item() for a in ("dp", "pp", "tp")},
+               "pp_prev": g.pp_prev, "pp_next": g.pp_next,
+               "first": g.is_first_stage, "last": g.is_last_stage}
+        # The neighbours really are the neighbours: shift world ranks along the pipeline.
+        got = g.pp_comm.sendrecv(g.rank, dest=g.pp_next, source=g.pp_prev)
+        rec["from_prev"] = got
+        print("PSRT-RESULT " + json.dumps(rec), flush=True)
+        g.free()
+    rec = {"rank": world.rank}
+    for key, make in (("mismatch", lambda: Grid(2, 2, 2, world)),
+                      ("build", lambda: Grid.build(world, pp=3))):
+        try:
+            make()
+            rec[key] = None
+        except PsrtError as err:
+            rec[key] = str(err)
+    g = Grid.build(world, tp=2)
+    rec["inferred"] = [g.dp, g.pp, g.tp]
+    g.free()
+    print("PSRT-RESULT " + json.dumps(rec), flush=True)
+
+
+if __name__ == "__main__":
+    main()

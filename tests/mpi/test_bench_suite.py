@@ -1,0 +1,82 @@
+"""The benchmark suite: the alpha-beta model, the training and ping-pong benchmarks, the
+network-bound regime on shaped emulated hosts, and `suite --quick` end to end."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from psrt.bench.suite import netns_ok
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# --- the model, without MPI -------------------------------------------------------------------
+
+
+# --- rank side, under mpirun ------------------------------------------------------------------
+
+@pytest.mark.mpi
+def test_training_benchmark_rows(run_ranks, tmp_path):
+    """Every strategy (and torch's own DDP) takes timed steps in one job; the ratio to torch
+    DDP is computed from the same run."""
+    out = tmp_path / "train.json"
+    dps = "ps,ps-sharded,ring,native,torch,torch-ddp"
+    run_ranks(2, "-m", "psrt.bench", "training", "--dp", dps, "--width", "64", "--steps", "1",
+              "--rounds", "1", "--quiet", "--json", str(out), timeout=300).check()
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["dp"] for r in rows] == dps.split(",")
+    peer = rows[-1]["step_s"]
+    for r in rows:
+        assert r["ranks"] == 2 and r["workers"] == 2 and r["global_batch"] == 64
+        assert r["step_s"] > 0 and r["step_min_s"] <= r["step_s"]
+        assert r["samples_per_s"] == pytest.approx(64 / r["step_s"])
+        assert r["vs_torch_ddp"] == pytest.approx(peer / r["step_s"])
+        # each rank trained on its own samples: only averaged gradients end in one place
+        assert r["max_param_diff"] < 1e-5, r
+
+
+@pytest.mark.mpi
+def test_pingpong_fit(run_ranks, tmp_path):
+    out = tmp_path / "pp.json"
+    run_ranks(2, "-m", "psrt.bench", "pingpong", "--sizes", "8,64KiB,1MiB,4MiB", "--repeats", "2",
+              "--quiet", "--json", str(out), timeout=120).check()
+    got = json.loads(out.read_text())
+    assert [p["nbytes"] for p in got["points"]] == [8, 65536, 1 << 20, 4 << 20]
+    assert all(p["min_s"] <= p["one_way_s"] <= p["max_s"] for p in got["points"])
+    assert got["fit"]["beta_s_per_byte"] > 0 and got["fit"]["alpha_s"] > 0
+
+
+# --- the emulated network and the whole suite ------------------------------------------------
+
+_MISSING = netns_ok()
+netns = pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
+
+
+def _bench(*args, timeout=400):
+    return subprocess.run([sys.executable, "-m", "psrt.bench", *args], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL, cwd=ROOT)
+
+
+@pytest.mark.mpi
+def test_suite_quick_writes_the_report(tmp_path):
+    """`suite --quick` (collectives and training; the network part has its own test) writes
+    report.md with the goals, and JSON, CSV and PNG files that agree with it."""
+    proc = _bench("suite", "--quick", "--quiet", "--parts", "collectives,training", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = (tmp_path / "report.md").read_text()
+    for name in ("collectives.json", "collectives.csv", "allreduce_np2.png", "training.json",
+                 "training.csv", "training.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    assert "## Goals, as measured in this run" in report and "ring DDP step <= torch DDP" in report
+    rows = json.loads((tmp_path / "training.json").read_text())["rows"]
+    assert {r["ranks"] for r in rows} == {1, 2}
+    two = [r for r in rows if r["ranks"] == 2]
+    assert all(0 < r["efficiency"] for r in two)
+    coll = json.loads((tmp_path / "collectives.json").read_text())["rows"]
+    assert {"ps", "ring", "native"} <= {r["algorithm"] for r in coll}
+    assert sum(r["wrong"] for r in coll) == 0
+    assert proc.stdout.startswith("# psrt benchmark report")

@@ -1,0 +1,350 @@
+"""The emulated cluster (psrt.cluster): hosts as network namespaces, MPI across their links.
+
+Tests marked `netns` need root and `ip netns`; each uses host names and a 198.19.x.0/24
+subnet of its own, and removes everything it made, also when it fails.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+
+from psrt.launch import cluster as C
+from psrt.errors import PsrtError
+from psrt.launch.plan import Request, parse_hosts, plan_mpirun
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _netns_missing() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root to create network namespaces"
+    if shutil.which("ip") is None or shutil.which("unshare") is None:
+        return "needs `ip` (iproute2) and `unshare` (util-linux)"
+    if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
+        return "`ip netns` does not work here"
+    return None
+
+
+_MISSING = _netns_missing()
+
+
+def netns(test):
+    """Mark a test `netns` and skip it, saying why, where namespaces cannot be made."""
+    return pytest.mark.netns(pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))(test))
+
+
+needs_openmpi = pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun on PATH")
+
+
+@pytest.fixture
+def names(request):
+    """make(n) -> (host names, subnet) unique to this test and process; whatever was made
+    with them is removed at the end, pass or fail."""
+    tag = zlib.crc32(f"{os.getpid()}:{request.node.nodeid}".encode())
+    made = []
+
+    def make(n: int):
+        hosts = tuple(f"t{tag % 10**7:07d}{chr(97 + len(made))}{i}" for i in range(n))
+        subnet = f"198.19.{(tag + len(made)) % 256}.0/24"
+        made.append(C.Cluster(hosts, subnet))
+        return hosts, subnet
+
+    yield make
+    if _MISSING is None:
+        for cluster in made:
+            C.down(cluster)
+
+
+def namespaces() -> set[str]:
+    return C.existing_namespaces()
+
+
+def assert_gone(cluster: C.Cluster):
+    assert not set(cluster.namespaces) & namespaces()
+    assert not any((C.NETNS_ETC / h).exists() for h in cluster.hosts)
+    assert not C._state_path(cluster.hosts[0]).exists()
+
+
+# --- without root -----------------------------------------------------------------------------
+
+
+def test_refuses_without_root(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(PsrtError, match="the emulated cluster needs root"):
+        C.require_netns()
+
+
+# --- with namespaces --------------------------------------------------------------------------
+
+def rank_records(stdout: str) -> list[dict]:
+    return sorted((json.loads(l.split(" ", 1)[1]) for l in stdout.splitlines()
+                   if l.startswith("PSRT-RESULT ")), key=lambda r: r["rank"])
+
+
+@netns
+@pytest.mark.mpi
+@needs_openmpi
+def test_two_hosts_mpirun_hostfile(names, tmp_path):
+    """The acceptance run, at half size to spare the CPU: plain `mpirun -np 4 -hostfile FILE`
+    on the emulated pair puts ranks 0-1 on the first host and 2-3 on the second (docs/
+    launching.md shows the full -np 8), and the allreduce's bytes cross the veth."""
+    hosts, subnet = names(2)
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(f"{hosts[0]} slots=2\n{hosts[1]} slots=2\n")
+    nbytes, iters = 1 << 20, 1
+    cluster = C.Cluster(hosts, subnet)
+    # Pin Open MPI's ring allreduce (tuned algorithm 4) so the bytes it must send across
+    # the cut between the hosts are known: 2(n-1)/n of the buffer in each direction.
+    env = C.job_env(cluster, "openmpi4", os.environ)
+    env.update(OMPI_MCA_coll_tuned_use_dynamic_rules="1", OMPI_MCA_coll_tuned_allreduce_algorithm="4",
+               OMP_NUM_THREADS="1")
+    argv = ["mpirun", "-np", "4", "-hostfile", str(hostfile), sys.executable, "-m", "psrt.info",
+            "--json", "--allreduce", str(nbytes), "--iters", str(iters)]
+    with C.running(cluster):
+        before = {h: C.link_bytes(h) for h in hosts}
+        out = subprocess.run(C.exec_argv(hosts[0], argv), env=env, capture_output=True,
+                             text=True, timeout=400, stdin=subprocess.DEVNULL)
+        after = {h: C.link_bytes(h) for h in hosts}
+    assert_gone(cluster)
+    assert out.returncode == 0, out.stderr[-3000:]
+    recs = rank_records(out.stdout)
+    assert [r["rank"] for r in recs] == list(range(4))
+    assert [r["hostname"] for r in recs] == [hosts[0]] * 2 + [hosts[1]] * 2
+    assert [(r["node_rank"], r["local_rank"], r["local_size"], r["num_nodes"]) for r in recs] == \
+        [(r // 2, r % 2, 2, 2) for r in range(4)]
+    assert all(r["launcher"] == "openmpi" and r["size"] == 4 for r in recs)
+    # Warm-up plus timed runs; each direction of the cut carries 2(n-1)/n * nbytes per run
+    # (reduce-scatter and allgather), plus a little startup traffic and packet headers.
+    n = len(recs)
+    need = (1 + iters) * 2 * (n - 1) / n * nbytes
+    sent = {h: after[h][0] - before[h][0] for h in hosts}
+    received = {h: after[h][1] - before[h][1] for h in hosts}
+    for h in hosts:
+        assert need <= sent[h] <= 1.1 * need + (1 << 20), (h, sent[h], need)
+    assert sent[hosts[0]] == received[hosts[1]] and sent[hosts[1]] == received[hosts[0]]
+
+
+@netns
+@pytest.mark.mpi
+@needs_openmpi
+def test_three_hosts_on_a_bridge_with_mpi_launch_flags(names):
+    """More than two hosts meet on a bridge; mpi_launch --emulate's flags drive it."""
+    hosts, subnet = names(3)
+    cluster = C.Cluster(hosts, subnet)
+    req = Request(command=(sys.executable, "-m", "psrt.info", "--json", "--allreduce", "4KiB"),
+                  hosts=parse_hosts(",".join(f"{h}:1" for h in hosts)), emulated=True)
+    plan = plan_mpirun(req, "openmpi4", "mpirun", {}, os.cpu_count() or 1,
+                       emulation=C.mpi_flags(cluster, "openmpi4"))
+    with C.running(cluster):
+        assert set(cluster.namespaces) <= namespaces()
+        out = subprocess.run(C.exec_argv(hosts[0], plan.argv), env={**os.environ, **plan.env},
+                             capture_output=True, text=True, timeout=400,
+                             stdin=subprocess.DEVNULL)
+    assert_gone(cluster)
+    assert out.returncode == 0, out.stderr[-3000:]
+    recs = rank_records(out.stdout)
+    assert [(r["hostname"], r["node_rank"], r["num_nodes"]) for r in recs] == \
+        [(h, i, 3) for i, h in enumerate(hosts)]
+
+
+def _mpich_venv() -> Path | None:
+    """MPICH's environment from scripts/with_mpi.sh, if it has been built on this machine."""
+    cache = os.environ.get("PSRT_MPI_CACHE") or \
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "psrt"
+    venv = Path(cache) / "venv-mpich"
+    return venv if (venv / ".psrt-ready").exists() else None
+
+
+@netns
+@pytest.mark.mpi
+@pytest.mark.skipif(_mpich_venv() is None,
+                    reason="MPICH's environment is not built (bash scripts/with_mpi.sh mpich -- true)")
+def test_mpich_on_two_hosts_sends_over_the_link(names):
+    """MPICH's UCX layer would use shared memory across the namespaces; the cluster's
+    settings must put the allreduce on the veth (bytes >= the buffer, each way, per run)."""
+    hosts, subnet = names(2)
+    cluster = C.Cluster(hosts, subnet)
+    nbytes, runs = 256 << 10, 2  # warm-up and one timed run
+    cmd = ["bash", str(ROOT / "scripts" / "with_mpi.sh"), "mpich", "--", "mpiexec", "-hosts",
+           f"{hosts[0]}:2,{hosts[1]}:2", "-n", "4", "python", "-m", "psrt.info", "--json",
+           "--allreduce", str(nbytes), "--iters", str(runs - 1)]
+    with C.running(cluster):
+        before = {h: C.link_bytes(h)[0] for h in hosts}
+        out = subprocess.run(C.exec_argv(hosts[0], cmd), env=C.job_env(cluster, "mpich", os.environ),
+                             capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL)
+        sent = {h: C.link_bytes(h)[0] - before[h] for h in hosts}
+    assert_gone(cluster)
+    assert out.returncode == 0, out.stderr[-3000:]
+    recs = rank_records(out.stdout)
+    assert [(r["hostname"], r["node_rank"], r["local_rank"], r["launcher"]) for r in recs] == \
+        [(hosts[r // 2], r // 2, r % 2, "mpich") for r in range(4)]
+    # Each host needs the other's whole contribution: at least the buffer, each way, per run.
+    assert all(sent[h] >= runs * nbytes for h in hosts), sent
+
+
+@netns
+def test_cleanup_after_an_error_kills_what_runs_inside(names):
+    hosts, subnet = names(2)
+    cluster = C.Cluster(hosts, subnet)
+    with pytest.raises(RuntimeError, match="boom"):
+        with C.running(cluster):
+            left = subprocess.Popen(C.exec_argv(hosts[1], ["sleep", "60"]))
+            raise RuntimeError("boom")
+    assert left.wait(timeout=10) != 0  # ended by the cleanup, not by itself
+    assert_gone(cluster)
+
+
+@netns
+def test_signals_take_the_cluster_down(names):
+    """Ctrl-C (SIGINT) and SIGTERM on `python -m psrt.cluster run` remove the cluster."""
+    runs = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        hosts, subnet = names(2)
+        cmd = [sys.executable, "-m", "psrt.cluster", "run", "--hosts", ",".join(hosts),
+               "--subnet", subnet, "--", "sleep", "120"]
+        runs[sig] = (C.Cluster(hosts, subnet), subprocess.Popen(
+            cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True))
+    deadline = time.monotonic() + 240
+    for sig, (cluster, proc) in runs.items():
+        # Wait until the command runs inside the first host, then interrupt.
+        while not _running_inside(cluster.hosts[0]):
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "the cluster never came up"
+            time.sleep(0.2)
+        proc.send_signal(sig)
+    for sig, (cluster, proc) in runs.items():
+        assert proc.wait(timeout=60) == 128 + sig
+        assert "Traceback" not in proc.stderr.read()
+        assert_gone(cluster)
+
+
+def _running_inside(host: str) -> bool:
+    out = subprocess.run(["ip", "netns", "pids", host], capture_output=True, text=True)
+    return out.returncode == 0 and bool(out.stdout.split())
+
+
+@netns
+def test_existing_namespace_is_refused_and_left_alone(names):
+    hosts, subnet = names(2)
+    subprocess.run(["ip", "netns", "add", hosts[0]], check=True)
+    try:
+        with pytest.raises(PsrtError, match=f"namespace {hosts[0]} already exists"):
+            C.up(C.Cluster(hosts, subnet))
+        assert hosts[0] in namespaces() and hosts[1] not in namespaces()
+        with pytest.raises(PsrtError, match="already exists"):
+            with C.running(C.Cluster(hosts, subnet)):
+                pass
+        assert hosts[0] in namespaces() and hosts[1] not in namespaces()
+    finally:
+        subprocess.run(["ip", "netns", "del", hosts[0]])
+
+
+@netns
+@needs_openmpi
+def test_cli_up_status_exec_down(names, capfd):
+    hosts, subnet = names(2)
+    spec = ["--hosts", ",".join(hosts), "--subnet", subnet]
+    assert C.main(["up", *spec, "--rate", "100mbit"]) == 0
+    qdisc = subprocess.run(["tc", "-n", hosts[1], "qdisc", "show", "dev", C.IFACE],
+                           capture_output=True, text=True).stdout
+    assert "tbf" in qdisc and "rate 100Mbit" in qdisc
+    assert C.main(["status"]) == 0
+    assert f"{hosts[0]} ({C.Cluster(hosts, subnet).address(hosts[0])})" in capfd.readouterr().out
+    # On a host: its own name, the others' addresses by name, only our link.
+    assert C.main(["exec", hosts[1], "--", "sh", "-c",
+                   f"hostname; getent hosts {hosts[0]}; ls /sys/class/net"]) == 0
+    out = capfd.readouterr().out.split()
+    assert out[0] == hosts[1] and out[1:3] == [C.Cluster(hosts, subnet).address(hosts[0]), hosts[0]]
+    assert sorted(out[3:]) == ["eth0", "lo"]
+    assert C.main(["down", *spec]) == 0
+    assert_gone(C.Cluster(hosts, subnet))
+
+
+@netns
+def test_delay_needs_netem(names):
+    """--delay uses netem; where the kernel lacks it the error says so and nothing is left."""
+    hosts, subnet = names(2)
+    cluster = C.Cluster(hosts, subnet, rate="1gbit", delay="1ms")
+    try:
+        C.up(cluster)
+    except PsrtError as err:
+        assert "--delay needs the kernel's netem qdisc" in str(err)
+        assert_gone(cluster)
+        return
+    try:
+        qdisc = subprocess.run(["tc", "-n", hosts[0], "qdisc", "show", "dev", C.IFACE],
+                               capture_output=True, text=True).stdout
+        assert "netem" in qdisc and "delay 1ms" in qdisc
+    finally:
+        C.down(cluster)
+
+
+def _pair(names, tmp_path):
+    """Two emulated hosts of two slots: (hosts, hostfile, cluster, job environment)."""
+    hosts, subnet = names(2)
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(f"{hosts[0]} slots=2\n{hosts[1]} slots=2\n")
+    cluster = C.Cluster(hosts, subnet)
+    env = C.job_env(cluster, "openmpi4", os.environ)
+    env.update(OMP_NUM_THREADS="1")
+    return hosts, hostfile, cluster, env
+
+
+@netns
+@needs_openmpi
+@pytest.mark.parametrize("mode", ["kill", "raise"])
+def test_dead_rank_on_the_second_host_ends_the_job(names, tmp_path, mode):
+    """A rank on the second emulated host dies (SIGKILL) or raises while the others wait in
+    an allreduce: the whole job ends, non-zero, and no rank's process is left on either host."""
+    hosts, hostfile, cluster, env = _pair(names, tmp_path)
+    tag = f"psrt-orphan-{os.getpid()}-{mode}"
+    argv = ["mpirun", "-np", "4", "-hostfile", str(hostfile), sys.executable,
+            str(ROOT / "tests" / "mpi" / "ranks" / "fault_rank.py"), mode, "3", "0", tag]
+    with C.running(cluster):
+        t0 = time.monotonic()
+        out = subprocess.run(C.exec_argv(hosts[0], argv), env=env, capture_output=True, text=True,
+                             timeout=180, stdin=subprocess.DEVNULL)
+        elapsed = time.monotonic() - t0
+        time.sleep(1)
+        stray = subprocess.run(["pgrep", "-f", tag], capture_output=True, text=True).stdout.split()
+    assert_gone(cluster)
+    assert out.returncode != 0, out.stdout[-2000:]
+    assert "finished" not in out.stdout
+    assert elapsed < 90, elapsed     # start-up included; the fault itself is seen in seconds
+    assert not stray, stray
+    if mode == "raise":
+        assert out.stderr.count("injected failure in user code") == 1, out.stderr[-3000:]
+
+
+@netns
+@pytest.mark.mpi
+@needs_openmpi
+def test_two_hosts_train_ps_and_ring(names, tmp_path):
+    """`mpirun -hostfile F python -m psrt.train --dp ps,ring` trains across the emulated
+    pair with its defaults (at -np 4 here; docs/training.md shows -np 8): both strategies
+    learn, and the server sends several times what a ring rank sends."""
+    hosts, hostfile, cluster, env = _pair(names, tmp_path)
+    metrics = tmp_path / "m.jsonl"
+    argv = ["mpirun", "-np", "4", "-hostfile", str(hostfile), sys.executable, "-m", "psrt.train",
+            "--dp", "ps,ring", "--quiet", "--metrics", str(metrics)]
+    with C.running(cluster):
+        out = subprocess.run(C.exec_argv(hosts[0], argv), env=env, capture_output=True, text=True,
+                             timeout=400, stdin=subprocess.DEVNULL)
+    assert_gone(cluster)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "4 ranks" in out.stdout
+    summary = {}
+    for dp in ("ps", "ring"):
+        lines = [json.loads(x) for x in (tmp_path / f"m.{dp}.jsonl").read_text().splitlines()]
+        summary[dp] = next(x for x in lines if x.get("summary"))
+        assert summary[dp]["workers"] == 4 and summary[dp]["test_acc"] > 0.85, summary[dp]
+    assert summary["ps"]["bytes_max_rank"] > 2 * summary["ring"]["bytes_max_rank"]

@@ -1,0 +1,100 @@
+"""The benchmark suite's pure parts: the alpha-beta fit and predictions, link accounting,
+sizes per rate and how goals are judged."""
+from __future__ import annotations
+
+
+import pytest
+
+from psrt.bench import network
+from psrt.collectives import cost as alpha_beta
+from psrt.collectives.cost import Fit
+from psrt.bench.suite import netns_ok
+
+
+
+# --- the model, without MPI -------------------------------------------------------------------
+
+def test_fit_recovers_alpha_and_beta():
+    alpha, beta = 20e-6, 8e-9
+    sizes = [8, 64, 512, 4096, 1 << 20, 4 << 20, 16 << 20]
+    # Small messages pass a token bucket at machine speed: only alpha counts below 1 MiB.
+    points = [{"nbytes": m, "one_way_s": alpha + (m * beta if m >= 1 << 20 else m * 1e-10)} for m in sizes]
+    fit = alpha_beta.fit(points)
+    assert fit.alpha_s == pytest.approx(alpha, rel=1e-3)
+    assert fit.beta_s_per_byte == pytest.approx(beta, rel=1e-6)
+    assert fit.r2 == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        alpha_beta.fit(points[:2])
+    with pytest.raises(ValueError, match="do not grow"):
+        alpha_beta.fit([{"nbytes": m, "one_way_s": 1e-3} for m in sizes])
+
+
+def test_predictions_match_the_textbook_model():
+    """8 hosts of one rank: the server's link carries 7M each way, a ring link 2(N-1)/N M,
+    a 4x gap; two hosts of four ranks: 4M against 1.75M, ~2.3x."""
+    fit = Fit(alpha_s=0.0, beta_s_per_byte=1.0, r2=1.0)
+    m = 64 << 20
+    eight = list(range(8))
+    ring8 = alpha_beta.predict("ring", 8, m, eight, fit)
+    ps8 = alpha_beta.predict("ps", 8, m, eight, fit, segment_bytes=1)
+    assert ring8 == pytest.approx(2 * 7 / 8 * m)
+    assert ps8 == pytest.approx(7 * m + 7)
+    assert ps8 / ring8 == pytest.approx(4.0, rel=1e-6)
+    two = [r // 4 for r in range(8)]
+    ratio = alpha_beta.predict("ps", 8, m, two, fit, segment_bytes=1) / alpha_beta.predict("ring", 8, m, two, fit)
+    assert ratio == pytest.approx(4 / 1.75, rel=1e-6)
+    # ring nearly flat, ps linear in the hosts
+    assert alpha_beta.predict("ring", 2, m, [0, 1], fit) == pytest.approx(m)
+    assert alpha_beta.predict("ps", 2, m, [0, 1], fit, segment_bytes=1) == pytest.approx(m + 1)
+    # latency: 2(N-1) steps for the ring
+    lat = Fit(alpha_s=1.0, beta_s_per_byte=0.0 + 1e-30, r2=1.0)
+    assert alpha_beta.predict("ring", 8, 1, eight, lat) == pytest.approx(14.0)
+    # nothing crosses a link on one host
+    assert alpha_beta.predict("ring", 4, m, [0, 0, 0, 0], fit) is None
+    with pytest.raises(ValueError):
+        alpha_beta.predict("tree", 4, m, [0, 1, 2, 3], fit)
+
+
+def test_link_load_counts_only_traffic_between_hosts():
+    moves = [(0, 1, 5.0), (1, 2, 7.0), (2, 0, 3.0), (0, 2, 4.0)]
+    assert alpha_beta.link_load(moves, [0, 0, 1]) == pytest.approx(11.0)   # into host 1: 7 + 4
+    assert alpha_beta.link_load(moves, [0, 0, 0]) == 0.0
+
+
+def test_sizes_scale_with_the_rate():
+    assert network.size_for("1gbit", "1gbit", 64 << 20) == 64 << 20
+    assert network.size_for("100mbit", "1gbit", 64 << 20) == 4 << 20    # 6.4 MiB -> 4 MiB
+    assert network.size_for("10mbit", "1gbit", 64 << 20) == 1 << 20     # at least 1 MiB
+
+
+def _payload(ps8: float, ring8: float, error: float = 0.05) -> dict:
+    rows = []
+    for hosts, ps, ring in ((2, 1.0, 1.0), (8, ps8, ring8)):
+        for algo, t in (("ps", ps), ("ring", ring)):
+            pred = alpha_beta.predict(algo, hosts, 1 << 20, list(range(hosts)), Fit(0, 1e-6, 1))
+            rows.append({"rate": "1gbit", "layout": f"{hosts}x1", "hosts": hosts, "per_host": 1, "algorithm": algo,
+                         "measured_s": t, "predicted_s": pred, "error": error, "network_bound": True,
+                         "floor_s": 0.01, "wrong": 0, "nbytes": 1 << 20})
+    return {"rows": rows, "fits": {}, "sizes": {}}
+
+
+def test_goals_are_judged_from_the_measurements():
+    good = {g["goal"].split(":")[0]: g["ok"] for g in network.goals(_payload(ps8=7.0, ring8=1.7))}
+    assert all(good.values()) and len(good) == 3
+    bad = network.goals(_payload(ps8=2.0, ring8=1.9, error=0.4))
+    assert [g["ok"] for g in bad] == [False, False, False]
+
+
+# --- rank side, under mpirun ------------------------------------------------------------------
+
+
+# --- the emulated network and the whole suite ------------------------------------------------
+
+_MISSING = netns_ok()
+netns = pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
+
+
+
+
+
+

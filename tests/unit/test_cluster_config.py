@@ -1,0 +1,135 @@
+"""The emulated cluster's pure parts: host names, subnets, rates and the MPI settings it
+hands to mpirun (no namespaces are made here)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from psrt.launch import cluster as C
+from psrt.errors import PsrtError
+
+
+
+def _netns_missing() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root to create network namespaces"
+    if shutil.which("ip") is None or shutil.which("unshare") is None:
+        return "needs `ip` (iproute2) and `unshare` (util-linux)"
+    if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
+        return "`ip netns` does not work here"
+    return None
+
+
+_MISSING = _netns_missing()
+
+
+needs_openmpi = pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun on PATH")
+
+
+def namespaces() -> set[str]:
+    return C.existing_namespaces()
+
+
+# --- without root -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw,says", [
+    (dict(hosts=("a",)), "needs at least 2 hosts"),
+    (dict(hosts=("a", "a")), "repeat a name"),
+    (dict(hosts=("a", "b_c")), "emulated host 'b_c'"),
+    (dict(hosts=("a", "localhost")), "emulated host 'localhost'"),
+    (dict(hosts=("a", "b"), subnet="10.0.0.0/24"), "must lie inside 198.18.0.0/15"),
+    (dict(hosts=("a", "b"), subnet="198.20.0.0/24"), "must lie inside 198.18.0.0/15"),
+    (dict(hosts=("a", "b"), subnet="198.18.0.0/31"), "too small for 2 hosts"),
+    (dict(hosts=("a", "b"), subnet="nonsense"), "not a network"),
+    (dict(hosts=("a", "b"), rate="fast"), "--rate 'fast'"),
+    (dict(hosts=("a", "b"), delay="1 ms"), "--delay '1 ms'"),
+])
+def test_cluster_validation(kw, says):
+    with pytest.raises(PsrtError, match=says):
+        C.Cluster(**kw)
+
+
+def test_layout_addresses_and_names():
+    two = C.Cluster(("node0", "node1"))
+    assert two.switch is None and two.namespaces == ("node0", "node1")
+    assert [two.address(h) for h in two.hosts] == ["198.18.0.1", "198.18.0.2"]
+    three = C.Cluster(("a", "b", "c"), "198.19.4.0/24")
+    assert three.namespaces == ("a", "b", "c", "a-sw") and three.address("c") == "198.19.4.3"
+    assert C._hosts_file(three).splitlines()[2:] == ["198.19.4.1 a", "198.19.4.2 b",
+                                                     "198.19.4.3 c"]
+
+
+def test_mpi_settings_for_open_mpi_4_and_5():
+    c = C.Cluster(("a", "b"), "198.18.3.0/24")
+    agent = str(C.AGENT)
+    assert C.mpi_flags(c, "openmpi4") == [
+        "--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_no_tree_spawn", "1",
+        "--mca", "pml", "ob1", "--mca", "btl", "self,tcp",
+        "--mca", "btl_tcp_if_include", "198.18.3.0/24",
+        "--mca", "oob_tcp_if_include", "198.18.3.0/24", "--mca", "mpi_yield_when_idle", "1"]
+    five = C.mpi_flags(c, "openmpi5")
+    assert five[:6] == ["--prtemca", "plm_ssh_agent", agent,
+                        "--prtemca", "plm_ssh_no_tree_spawn", "1"]
+    assert ["--prtemca", "oob_tcp_if_include", "198.18.3.0/24"] == five[15:18]
+    env = C.mpi_env(c, "openmpi5")
+    assert env["PRTE_MCA_plm_ssh_agent"] == agent and env["OMPI_MCA_btl"] == "self,tcp"
+    assert env["OMPI_MCA_pml"] == "ob1" and env["PRTE_MCA_oob_tcp_if_include"] == c.subnet
+
+
+def test_mpi_settings_for_mpich():
+    c = C.Cluster(("a", "b"))
+    agent = str(C.AGENT)
+    assert C.mpi_flags(c, "mpich") == [
+        "-launcher", "ssh", "-launcher-exec", agent, "-iface", "eth0",
+        "-genv", "UCX_TLS", "tcp,self", "-genv", "UCX_NET_DEVICES", "eth0",
+        "-genv", "FI_PROVIDER", "tcp"]
+    assert C.mpi_env(c, "mpich") == {
+        "HYDRA_LAUNCHER": "ssh", "HYDRA_LAUNCHER_EXEC": agent, "HYDRA_IFACE": "eth0",
+        "UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "eth0", "FI_PROVIDER": "tcp"}
+    with pytest.raises(PsrtError, match="drives Open MPI and MPICH, not unknown"):
+        C.mpi_flags(c, "unknown")
+
+
+def test_agent_argv_quotes_for_the_remote_shell():
+    assert C.exec_argv("a", ["echo", "two words", "x;y"]) == [
+        str(C.AGENT), "a", "echo", "'two words'", "'x;y'"]
+    assert os.access(C.AGENT, os.X_OK)
+
+
+@pytest.mark.parametrize("rate,bytes_per_s", [("1gbit", 125e6), ("100mbit", 12.5e6),
+                                              ("10mbps", 10e6), ("800kbit", 1e5)])
+def test_rate_units(rate, bytes_per_s):
+    assert C._rate_bytes(rate) == bytes_per_s
+
+
+# --- with namespaces --------------------------------------------------------------------------
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+

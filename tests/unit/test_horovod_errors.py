@@ -1,0 +1,45 @@
+"""Horovod interop without horovod or MPI: a missing horovod and a bad compression are one
+clear error, and the collectives bench offers horovod for allreduce only."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from psrt.bench.collectives import algorithms_for
+from psrt.dp.horovod import INSTALL_HINT, HorovodStrategy
+from psrt.errors import PsrtError
+
+
+
+# ------------------------------------------------------------------ without horovod or MPI
+
+def test_missing_horovod_is_one_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "horovod", None)       # `import horovod.torch` -> ImportError
+    monkeypatch.setitem(sys.modules, "horovod.torch", None)
+    with pytest.raises(PsrtError) as err:
+        HorovodStrategy(torch.nn.Linear(2, 2), lambda p: torch.optim.SGD(p, lr=0.1), comm=None)
+    assert str(err.value).startswith(INSTALL_HINT) and "\n" not in str(err.value)
+
+
+def test_unsupported_compression_is_refused():
+    with pytest.raises(PsrtError, match=r"--compress 'bf16': horovod offers none, fp16"):
+        HorovodStrategy(torch.nn.Linear(2, 2), lambda p: torch.optim.SGD(p, lr=0.1), comm=None, compress="bf16")
+
+
+def test_bench_offers_horovod_for_allreduce_only():
+    assert algorithms_for("allreduce", ["ring", "horovod", "native"], False) == ["native", "ring", "horovod"]
+    assert "horovod" not in algorithms_for("allgather", ["ring", "horovod"], False)
+    assert "horovod" not in algorithms_for("allreduce", None, False)   # only when asked for
+
+
+# ------------------------------------------------------------------ under mpirun
+
+
+# ------------------------------------------------------------------ under horovodrun
+
+
+
+
+

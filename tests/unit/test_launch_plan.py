@@ -1,0 +1,212 @@
+"""mpi_launch and psrt.launch.plan: hostfiles, placement, and the exact launcher command lines.
+
+Command lines are built by pure functions (flavour, environment, core count passed in), so
+Open MPI 5, MPICH and srun are checked here although only Open MPI 4 is installed.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from psrt.launch import hostfile as H
+from psrt.launch import plan as L
+from psrt.errors import PsrtError
+
+ROOT = Path(__file__).resolve().parents[2]
+CMD = ("python", "-m", "psrt.info")
+NOWHERE = "psrt-no-such-host.invalid"  # .invalid never resolves (RFC 6761)
+
+
+def req(hosts, np_=None, **kw):
+    if isinstance(hosts, str):
+        hosts = H.parse_hosts(hosts)
+    return L.Request(command=CMD, hosts=hosts, np=np_, **kw)
+
+
+def hostfile(tmp_path, text, name="hosts"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# --- hostfiles ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("line,name,slots,syntax", [
+    ("node0 slots=4", "node0", 4, "openmpi"),
+    ("  node0   slots=4   max_slots=8  # comment", "node0", 4, "openmpi"),
+    ("node0:4", "node0", 4, "mpich"),
+    ("10.0.0.7:2", "10.0.0.7", 2, "mpich"),
+    ("node0", "node0", None, "plain"),
+    ("node-1.example.org", "node-1.example.org", None, "plain"),
+])
+def test_host_line(line, name, slots, syntax):
+    h = H.parse_host_line(line, "f line 1")
+    assert (h.name, h.slots, h.syntax) == (name, slots, syntax)
+
+
+@pytest.mark.parametrize("line", ["", "   ", "# only a comment"])
+def test_blank_and_comment_lines_are_skipped(line):
+    assert H.parse_host_line(line, "f line 1") is None
+
+
+@pytest.mark.parametrize("line,says", [
+    ("node0 slot=4", "unknown key 'slot'"),
+    ("node0 slots=0", "slots '0' is not a positive"),
+    ("node0 slots=four", "slots 'four'"),
+    ("node0:x", "slot count 'x'"),
+    ("node0 node1", "cannot read 'node0 node1'"),
+    ("node0:4:eth0", "slot count '4:eth0'"),
+])
+def test_bad_host_line_names_file_and_line(line, says):
+    with pytest.raises(PsrtError) as err:
+        H.parse_host_line(line, "hf line 7")
+    assert str(err.value).startswith("hf line 7: ") and says in str(err.value)
+
+
+def test_repository_hostfiles():
+    assert H.parse_hostfile(ROOT / "hostfiles" / "localhost") == (
+        H.Host("localhost", None, f"{ROOT / 'hostfiles' / 'localhost'} line 3", "plain"),)
+    two = H.parse_hostfile(ROOT / "hostfiles" / "two_nodes")
+    assert [(h.name, h.slots, h.syntax) for h in two] == [("node0", 4, "openmpi"),
+                                                          ("node1", 4, "openmpi")]
+
+
+def test_repeated_host_adds_slots(tmp_path):
+    hosts = H.parse_hostfile(hostfile(tmp_path, "a slots=2\nb slots=1\na slots=3\n"))
+    assert [(h.name, h.slots) for h in hosts] == [("a", 5), ("b", 1)]
+
+
+def test_mixed_syntax_is_refused(tmp_path):
+    path = hostfile(tmp_path, "a slots=2\nb:2\n")
+    with pytest.raises(PsrtError, match="mixes Open MPI .* and MPICH"):
+        H.parse_hostfile(path)
+
+
+def test_missing_or_empty_hostfile(tmp_path):
+    with pytest.raises(PsrtError, match=r"hostfile .*nope: No such file"):
+        H.parse_hostfile(tmp_path / "nope")
+    with pytest.raises(PsrtError, match="names no hosts"):
+        H.parse_hostfile(hostfile(tmp_path, "# nothing\n"))
+
+
+def test_conversion_between_syntaxes(tmp_path):
+    ompi = H.parse_hostfile(hostfile(tmp_path, "node0 slots=4\nnode1 slots=2\nnode2\n"))
+    as_mpich = H.format_hosts(ompi, "mpich", cores=8)
+    assert as_mpich == "node0:4\nnode1:2\nnode2:1\n"
+    back = H.parse_hostfile(hostfile(tmp_path, as_mpich, "m"))
+    assert H.format_hosts(back, "openmpi", cores=8) == "node0 slots=4\nnode1 slots=2\nnode2 slots=1\n"
+
+
+def test_hosts_option():
+    assert [(h.name, h.slots) for h in H.parse_hosts("a:2,b:3,c")] == [("a", 2), ("b", 3), ("c", None)]
+    with pytest.raises(PsrtError, match="empty entry"):
+        H.parse_hosts("a:2,,b")
+
+
+# --- placement --------------------------------------------------------------------------------
+
+TWO = "node0:4,node1:4"
+
+
+def test_more_ranks_than_slots_is_an_error():
+    with pytest.raises(PsrtError) as err:
+        L.place(req(TWO, 9, hostfile="hostfiles/two_nodes"), cores=2)
+    assert str(err.value) == ("-np 9 but hostfiles/two_nodes offers 8 slots (node0 4, node1 4): "
+                              "lower -np, raise the slot counts, or pass --oversubscribe")
+
+
+def test_oversubscribe_when_asked_and_said():
+    p = L.place(req(TWO, 10, oversubscribe=True), cores=2)
+    assert p.oversubscribed and p.ranks == (("node0", 5), ("node1", 5))
+    assert "oversubscribing: 10 ranks on 8 slots (--oversubscribe)" in p.notes[0]
+
+
+def test_local_run_oversubscribes_past_the_cores_and_says_so():
+    p = L.place(req("localhost", 5), cores=2)
+    assert p.oversubscribed and p.ranks == (("localhost", 5),)
+    assert p.notes == ("oversubscribing: 5 ranks on 2 slots (no slot count given)",)
+    assert not L.place(req("localhost", 2), cores=2).oversubscribed
+
+
+def test_local_slots_written_down_are_a_limit():
+    with pytest.raises(PsrtError, match="offers 2 slots"):
+        L.place(req("localhost:2", 3), cores=16)
+
+
+@pytest.mark.parametrize("np_", [0, -3])
+def test_np_below_one(np_):
+    with pytest.raises(PsrtError, match=rf"-np {np_}: a job needs at least one rank"):
+        L.place(req(TWO, np_), cores=2)
+
+
+@pytest.mark.parametrize("hosts,np_,cores,emulated,threads", [
+    ("localhost", 2, 8, False, 4),      # cores per rank on this machine
+    ("localhost", 3, 8, False, 2),
+    ("localhost", 16, 8, False, 1),     # never below one
+    (TWO, 8, 2, False, 1),              # a slot stands for a core
+    (TWO, 2, 2, False, 2),              # two ranks on node0's 4 slots
+    (TWO, 2, 2, True, 1),               # emulated hosts share this machine's 2 cores
+])
+def test_threads_are_cores_per_rank(hosts, np_, cores, emulated, threads):
+    assert L.place(req(hosts, np_, emulated=emulated), cores).threads == threads
+
+
+# --- command lines ----------------------------------------------------------------------------
+
+
+def test_srun_inside_an_allocation():
+    env = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "8", "SLURM_CPUS_PER_TASK": "4"}
+    p = L.plan_srun(req("localhost", 8, bind="core"), "srun", env)
+    assert list(p.argv) == ["srun", "--ntasks=8", "--cpu-bind=cores",
+                            f"--export=ALL,PYTHONPATH={ROOT},OMP_NUM_THREADS=4", *CMD]
+    # No -np: the allocation's task count; no cpus-per-task: the node's cpus shared out.
+    p = L.plan_srun(req("localhost"), "srun", {"SLURM_NTASKS": "4", "SLURM_CPUS_ON_NODE": "8",
+                                                "SLURM_JOB_NUM_NODES": "2"})
+    assert p.argv[1] == "--ntasks=4" and "OMP_NUM_THREADS=4" in p.argv[2]
+    with pytest.raises(PsrtError, match="allocation has 8 tasks"):
+        L.plan_srun(req("localhost", 9), "srun", env)
+
+
+# --- the CLI ----------------------------------------------------------------------------------
+
+def cli(capsys, *args):
+    """Run mpi_launch's main in this process: (exit code, stdout, stderr)."""
+    with pytest.raises(SystemExit) as done:
+        sys.exit(L.main(list(args)))
+    out = capsys.readouterr()
+    return done.value.code, out.out, out.err
+
+
+needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun on PATH")
+
+
+def test_cli_dry_run_for_another_mpi_needs_no_mpi(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    code, out, _ = cli(capsys, "--dry-run", "--flavour", "mpich", "--hosts", "a:2,b:2",
+                       "-np", "4", "python", "x.py")
+    assert code == 0 and out.startswith("mpiexec -n 4 -hosts a:2,b:2 ")
+
+
+def test_cli_bad_hostfile_names_the_line(capsys, tmp_path):
+    path = hostfile(tmp_path, "node0 slots=4\nnode1 slots=4 extra\n")
+    code, _, err = cli(capsys, "--hostfile", str(path), "true")
+    assert code == 2 and f"{path} line 2: cannot read 'node1 slots=4 extra'" in err
+
+
+def test_cli_picks_srun_inside_a_slurm_allocation(capsys, monkeypatch, tmp_path):
+    srun = tmp_path / "srun"
+    srun.write_text("#!/bin/sh\nexit 0\n")
+    srun.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("SLURM_NTASKS", "6")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    code, out, _ = cli(capsys, "--dry-run", "python", "-m", "psrt.info")
+    assert code == 0 and out.startswith(f"{srun} --ntasks=6 --export=ALL,PYTHONPATH=")
+
+
+
+

@@ -23,7 +23,7 @@ MPI_SCRIPTS = Path(__file__).resolve().parent / "mpi" / "ranks"
 
 def mpirun_argv(np_: int) -> list[str]:
     """The mpirun prefix for N local ranks on this (possibly small) machine."""
-    from psrt.launch.plan import local_mpirun_prefix
+    from psrt.launch.mpi import local_mpirun_prefix
     return local_mpirun_prefix(np_)
 
 

@@ -31,7 +31,7 @@ def _read(code: int, out: str, what: str) -> dict:
 
 def local(np_: int, args: list[str], timeout: float | None = None) -> dict:
     """`mpirun -np N python -m psrt.bench ARGS --json F` on this host; F's content."""
-    from psrt.launch.plan import local_mpirun_prefix
+    from psrt.launch.mpi import local_mpirun_prefix
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out.json")
         cmd = local_mpirun_prefix(np_) + _bench(args, out)
@@ -47,7 +47,8 @@ def on_cluster(cluster, ranks_per_host: list[tuple[str, int]], args: list[str]) 
     [(host, ranks)] in rank order; mpirun starts on the first host."""
     from psrt.launch import cluster as C
     from psrt.launch.hostfile import Host
-    from psrt.launch.plan import Request, find_mpirun, mpi_flavour, plan_mpirun, run_job
+    from psrt.launch.mpi import find_mpirun, mpi_flavour, run_job
+    from psrt.launch.plan import Request, plan_mpirun
 
     mpirun = find_mpirun()
     flavour = mpi_flavour(mpirun)

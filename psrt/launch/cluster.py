@@ -35,10 +35,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from psrt.errors import ArgumentParser, PsrtError, cli_main
-from psrt.launch.plan import (find_mpirun, is_local, mpi_flavour, parse_hostfile, parse_hosts,
-                           plan_mpirun, run_job)
+from psrt.launch.hostfile import is_local, parse_hostfile, parse_hosts
+from psrt.launch.mpi import find_mpirun, mpi_flavour, run_job
+from psrt.launch.plan import ROOT, plan_mpirun
 
-ROOT = Path(__file__).resolve().parents[2]
 AGENT = ROOT / "scripts" / "netns_agent"
 ALLOWED = ipaddress.ip_network("198.18.0.0/15")
 DEFAULT_SUBNET = "198.18.0.0/24"

@@ -1,30 +1,23 @@
-"""Launcher command lines: hostfiles, rank placement and the mpirun / mpiexec / srun argv.
+"""Launcher command lines: rank placement and the mpirun / mpiexec / srun argv.
 
-`mpi_launch` (the script in the repository root) is a thin front to this module.  The
-planning functions are pure (flavour, environment and core count come in as arguments), so
-every command line they build is unit-tested without an MPI.  Hostfile formats: see
-hostfiles/README.md.
+Pure functions: flavour, environment and core count come in as arguments, so every command
+line is unit-tested without an MPI.  `mpi_launch` (psrt/launch/__main__.py) and the emulated
+cluster (cluster.py) both build their commands here; mpi.py asks the machine's MPI.
+Hostfile formats: see hostfiles/README.md.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shlex
-import shutil
-import signal
 import socket
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from psrt.errors import ArgumentParser, PsrtError, cli_main
-from psrt.launch.hostfile import (Host, hostfile_syntax, is_local,
-                           parse_hostfile, parse_hosts, slots_of)
+from psrt.errors import PsrtError
+from psrt.launch.hostfile import Host, hostfile_syntax, is_local, slots_of
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_HOSTFILE = ROOT / "hostfiles" / "localhost"
 FLAVOURS = ("openmpi4", "openmpi5", "mpich")
 
 # --- planning ---------------------------------------------------------------------------------
@@ -261,182 +254,3 @@ def plan_srun(req: Request, srun: str, env) -> Plan:
     argv.append("--export=" + ",".join(["ALL"] + [f"{k}={v}" for k, v in values.items()]))
     argv += list(req.extra) + list(req.command)
     return Plan(tuple(argv), values, tuple(notes))
-
-
-# --- the machine's MPI ------------------------------------------------------------------------
-
-def mpi_flavour(mpirun: str = "mpirun") -> str:
-    """'openmpi4', 'openmpi5', 'mpich' or 'unknown', from `mpirun --version`."""
-    path = shutil.which(mpirun)
-    if path is None:
-        raise PsrtError(f"no {mpirun} on PATH: install an MPI (see README, 'Install')")
-    out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
-    text = out.stdout + out.stderr
-    if "Open MPI" in text or "OpenRTE" in text:
-        for line in text.splitlines():
-            if ")" in line and any(ch.isdigit() for ch in line):
-                version = line.rsplit(" ", 1)[-1]
-                return "openmpi" + version.split(".")[0]
-        return "openmpi"
-    if "HYDRA" in text or "MPICH" in text:
-        return "mpich"
-    return "unknown"
-
-
-def find_mpirun(explicit: str | None = None) -> str:
-    """The mpirun to use: --mpirun, else mpirun, else mpiexec on PATH."""
-    for name in ([explicit] if explicit else ["mpirun", "mpiexec"]):
-        path = shutil.which(name)
-        if path:
-            return path
-    if explicit:
-        raise PsrtError(f"--mpirun {explicit}: not found or not executable")
-    raise PsrtError("no MPI found: neither mpirun nor mpiexec is on PATH (install Open MPI, "
-                    "e.g. apt install openmpi-bin, or MPICH; inside Slurm, srun is used)")
-
-
-def run_job(argv, env) -> int:
-    """Run a launcher in the foreground and return its exit code (128 + N for signal N).
-
-    On Ctrl-C or SIGTERM the launcher is given the signal and a few seconds to stop its
-    ranks (remote ones included) before it is killed: killing mpirun outright would leave
-    them behind.
-    """
-    proc = subprocess.Popen(argv, env=env)
-    try:
-        code = proc.wait()
-    except BaseException as err:
-        proc.send_signal(signal.SIGINT if isinstance(err, KeyboardInterrupt) else signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        raise
-    return 128 - code if code < 0 else code
-
-
-def local_mpirun_prefix(np_: int, mpirun: str = "mpirun") -> list[str]:
-    """mpirun argv for N ranks on this host, oversubscribing when N exceeds the cores.
-
-    Ranks that busy-poll on an oversubscribed host starve each other, so they are told to
-    yield when idle (Open MPI's mpi_yield_when_idle).
-    """
-    flavour = mpi_flavour(mpirun)
-    argv = [shutil.which(mpirun), "-np", str(np_)]
-    if flavour.startswith("openmpi"):
-        if os.geteuid() == 0:
-            argv.append("--allow-run-as-root")
-        if np_ > (os.cpu_count() or 1):
-            argv.append("--oversubscribe")
-        argv += ["--mca", "mpi_yield_when_idle", "1", "--bind-to", "none"]
-    return argv
-
-
-# --- mpi_launch ---------------------------------------------------------------------------------
-
-def _parser() -> ArgumentParser:
-    p = ArgumentParser(
-        prog="mpi_launch",
-        description="Start a command on N MPI ranks with mpirun (Open MPI, MPICH) or srun.",
-        epilog="example: mpi_launch -np 4 python -m psrt.info --allreduce 16MiB")
-    p.add_argument("-n", "-np", "--np", dest="np", type=int, metavar="N",
-                   help="number of ranks (default: one per slot)")
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--hostfile", metavar="FILE",
-                       help="hosts and slots, Open MPI or MPICH syntax (default: "
-                            "hostfiles/localhost, this machine)")
-    where.add_argument("--hosts", metavar="LIST", help="host[:N],host[:N],... instead of a file")
-    p.add_argument("--bind", default="auto", choices=("auto", "none", "core", "socket", "numa"),
-                   help="bind ranks to cores etc. (auto: the MPI's default, none when crowded)")
-    p.add_argument("--oversubscribe", action="store_true",
-                   help="allow more ranks than slots")
-    p.add_argument("--threads", type=int, metavar="N",
-                   help="OMP_NUM_THREADS per rank (default: cores per rank)")
-    p.add_argument("-x", "--export", action="append", default=[], metavar="NAME[=VALUE]",
-                   help="also export this variable (PYTHONPATH, OMP_NUM_THREADS, PSRT_* always are)")
-    p.add_argument("--launcher", default="auto", choices=("auto", "mpirun", "srun"),
-                   help="auto: srun inside a Slurm allocation (no hostfile given), else mpirun")
-    p.add_argument("--mpirun", metavar="PATH", help="the mpirun or mpiexec to use")
-    p.add_argument("--flavour", choices=FLAVOURS,
-                   help="build the command for this MPI instead of asking mpirun --version")
-    p.add_argument("--extra-args", default="", metavar="ARGS",
-                   help="more launcher arguments, one shell-quoted string")
-    p.add_argument("--emulate", action="store_true",
-                   help="run on an emulated cluster of the hostfile's hosts (network namespaces "
-                        "of this machine, needs root; see python -m psrt.cluster)")
-    p.add_argument("--rate", help="emulated links: bandwidth, tc syntax (e.g. 1gbit)")
-    p.add_argument("--delay", help="emulated links: one-way delay, tc syntax (e.g. 1ms)")
-    p.add_argument("--subnet", help="emulated hosts' subnet inside 198.18.0.0/15 "
-                                    "(default 198.18.0.0/24)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the exact command and run nothing")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="program and its arguments")
-    return p
-
-
-def _request(args, cores: int) -> Request:
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    if not command:
-        raise PsrtError("no command given (e.g. mpi_launch -np 2 python -m psrt.info)")
-    if args.hosts:
-        hosts, hostfile = parse_hosts(args.hosts), None
-    else:
-        hostfile = args.hostfile or str(DEFAULT_HOSTFILE)
-        hosts = parse_hostfile(hostfile)
-    if args.threads is not None and args.threads < 1:
-        raise PsrtError(f"--threads {args.threads}: needs at least one thread")
-    return Request(command=tuple(command), hosts=hosts, hostfile=hostfile, np=args.np,
-                   bind=args.bind, oversubscribe=args.oversubscribe, threads=args.threads,
-                   exports=tuple(args.export), extra=tuple(shlex.split(args.extra_args)),
-                   emulated=args.emulate)
-
-
-def _say(notes) -> None:
-    for note in notes:
-        print(f"mpi_launch: {note}", file=sys.stderr, flush=True)
-
-
-@cli_main("mpi_launch")
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    env = os.environ
-    cores = os.cpu_count() or 1
-    req = _request(args, cores)
-    in_slurm = "SLURM_JOB_ID" in env or "SLURM_JOBID" in env
-    explicit_hosts = bool(args.hostfile or args.hosts)
-    use_srun = args.launcher == "srun" or (
-        args.launcher == "auto" and in_slurm and not explicit_hosts and not args.emulate
-        and shutil.which("srun"))
-    if use_srun:
-        if explicit_hosts or args.emulate:
-            raise PsrtError("srun places ranks on the Slurm allocation's nodes: drop "
-                            "--hostfile/--hosts/--emulate, or use --launcher mpirun")
-        srun = shutil.which("srun")
-        if srun is None and not args.dry_run:
-            raise PsrtError("--launcher srun: no srun on PATH (not on a Slurm cluster?)")
-        plan = plan_srun(req, srun or "srun", env)
-        _say(plan.notes)
-        if args.dry_run:
-            print(plan.shell())
-            return 0
-        return run_job(plan.argv, {**env, **plan.env})
-    if args.flavour and args.dry_run:
-        mpirun = args.mpirun or ("mpiexec" if args.flavour == "mpich" else "mpirun")
-        flavour = args.flavour
-    else:
-        mpirun = find_mpirun(args.mpirun)
-        flavour = args.flavour or mpi_flavour(mpirun)
-    if args.emulate:
-        from psrt.launch import cluster
-        return cluster.launch(req, flavour, mpirun, env, cores, args, dry_run=args.dry_run)
-    if args.rate or args.delay or args.subnet:
-        raise PsrtError("--rate, --delay and --subnet shape the emulated cluster: add --emulate")
-    plan = plan_mpirun(req, flavour, mpirun, env, cores, dry_run=args.dry_run)
-    _say(plan.notes)
-    if args.dry_run:
-        print(plan.shell())
-        return 0
-    return run_job(plan.argv, {**env, **plan.env})

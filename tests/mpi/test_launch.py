@@ -16,6 +16,8 @@ import pytest
 
 from psrt.launch import hostfile as H
 from psrt.launch import plan as L
+from psrt.launch.__main__ import main as launch_main
+from psrt.launch.mpi import local_mpirun_prefix
 from psrt.errors import PsrtError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,7 +107,7 @@ def test_hosts_without_counts_get_one_slot_each():
 def test_local_mpirun_prefix_still_serves_the_test_fixture():
     if shutil.which("mpirun") is None:
         pytest.skip("no mpirun on PATH")
-    argv = L.local_mpirun_prefix(3)
+    argv = local_mpirun_prefix(3)
     assert argv[0] == shutil.which("mpirun") and argv[1:3] == ["-np", "3"]
 
 
@@ -114,7 +116,7 @@ def test_local_mpirun_prefix_still_serves_the_test_fixture():
 def cli(capsys, *args):
     """Run mpi_launch's main in this process: (exit code, stdout, stderr)."""
     with pytest.raises(SystemExit) as done:
-        sys.exit(L.main(list(args)))
+        sys.exit(launch_main(list(args)))
     out = capsys.readouterr()
     return done.value.code, out.out, out.err
 

@@ -39,7 +39,7 @@ PROBE = """
 import json, mpi4py
 mpi4py.rc.initialize = mpi4py.rc.finalize = False
 from mpi4py import MPI
-from psrt.launch.plan import local_mpirun_prefix, mpi_flavour
+from psrt.launch.mpi import local_mpirun_prefix, mpi_flavour
 print("PROBE " + json.dumps({"library": MPI.Get_library_version(), "mpi4py": mpi4py.__file__,
                              "flavour": mpi_flavour(), "prefix": local_mpirun_prefix(3)}))
 """

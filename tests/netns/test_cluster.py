@@ -19,7 +19,8 @@ import pytest
 
 from psrt.launch import cluster as C
 from psrt.errors import PsrtError
-from psrt.launch.plan import Request, parse_hosts, plan_mpirun
+from psrt.launch.hostfile import parse_hosts
+from psrt.launch.plan import Request, plan_mpirun
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,6 +10,7 @@ import pytest
 
 from psrt.launch import hostfile as H
 from psrt.launch import plan as L
+from psrt.launch.__main__ import main as launch_main
 
 ROOT = Path(__file__).resolve().parents[2]
 CMD = ("python", "-m", "psrt.info")
@@ -86,7 +87,7 @@ def test_local_run_has_no_host_arguments_and_crowding_flags():
 def cli(capsys, *args):
     """Run mpi_launch's main in this process: (exit code, stdout, stderr)."""
     with pytest.raises(SystemExit) as done:
-        sys.exit(L.main(list(args)))
+        sys.exit(launch_main(list(args)))
     out = capsys.readouterr()
     return done.value.code, out.out, out.err
 

@@ -13,6 +13,7 @@ import pytest
 
 from psrt.launch import hostfile as H
 from psrt.launch import plan as L
+from psrt.launch.__main__ import main as launch_main
 from psrt.errors import PsrtError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -175,7 +176,7 @@ def test_srun_inside_an_allocation():
 def cli(capsys, *args):
     """Run mpi_launch's main in this process: (exit code, stdout, stderr)."""
     with pytest.raises(SystemExit) as done:
-        sys.exit(L.main(list(args)))
+        sys.exit(launch_main(list(args)))
     out = capsys.readouterr()
     return done.value.code, out.out, out.err
 

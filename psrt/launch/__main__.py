@@ -1,0 +1,129 @@
+"""mpi_launch: start a command on N MPI ranks (mpirun, mpiexec or srun).  See docs/launching.md.
+
+    ./mpi_launch -np 4 python -m psrt.info
+    python -m psrt.launch --dry-run --hostfile hostfiles/two_nodes -np 8 python -m psrt.info
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import sys
+
+from psrt.errors import ArgumentParser, PsrtError, cli_main
+from psrt.launch import cluster
+from psrt.launch.hostfile import parse_hostfile, parse_hosts
+from psrt.launch.mpi import find_mpirun, mpi_flavour, run_job
+from psrt.launch.plan import FLAVOURS, ROOT, Request, plan_mpirun, plan_srun
+
+DEFAULT_HOSTFILE = ROOT / "hostfiles" / "localhost"
+
+def _parser() -> ArgumentParser:
+    p = ArgumentParser(
+        prog="mpi_launch",
+        description="Start a command on N MPI ranks with mpirun (Open MPI, MPICH) or srun.",
+        epilog="example: mpi_launch -np 4 python -m psrt.info --allreduce 16MiB")
+    p.add_argument("-n", "-np", "--np", dest="np", type=int, metavar="N",
+                   help="number of ranks (default: one per slot)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--hostfile", metavar="FILE",
+                       help="hosts and slots, Open MPI or MPICH syntax (default: "
+                            "hostfiles/localhost, this machine)")
+    where.add_argument("--hosts", metavar="LIST", help="host[:N],host[:N],... instead of a file")
+    p.add_argument("--bind", default="auto", choices=("auto", "none", "core", "socket", "numa"),
+                   help="bind ranks to cores etc. (auto: the MPI's default, none when crowded)")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="allow more ranks than slots")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="OMP_NUM_THREADS per rank (default: cores per rank)")
+    p.add_argument("-x", "--export", action="append", default=[], metavar="NAME[=VALUE]",
+                   help="also export this variable (PYTHONPATH, OMP_NUM_THREADS, PSRT_* always are)")
+    p.add_argument("--launcher", default="auto", choices=("auto", "mpirun", "srun"),
+                   help="auto: srun inside a Slurm allocation (no hostfile given), else mpirun")
+    p.add_argument("--mpirun", metavar="PATH", help="the mpirun or mpiexec to use")
+    p.add_argument("--flavour", choices=FLAVOURS,
+                   help="build the command for this MPI instead of asking mpirun --version")
+    p.add_argument("--extra-args", default="", metavar="ARGS",
+                   help="more launcher arguments, one shell-quoted string")
+    p.add_argument("--emulate", action="store_true",
+                   help="run on an emulated cluster of the hostfile's hosts (network namespaces "
+                        "of this machine, needs root; see python -m psrt.cluster)")
+    p.add_argument("--rate", help="emulated links: bandwidth, tc syntax (e.g. 1gbit)")
+    p.add_argument("--delay", help="emulated links: one-way delay, tc syntax (e.g. 1ms)")
+    p.add_argument("--subnet", help="emulated hosts' subnet inside 198.18.0.0/15 "
+                                    "(default 198.18.0.0/24)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the exact command and run nothing")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="program and its arguments")
+    return p
+
+
+def _request(args, cores: int) -> Request:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise PsrtError("no command given (e.g. mpi_launch -np 2 python -m psrt.info)")
+    if args.hosts:
+        hosts, hostfile = parse_hosts(args.hosts), None
+    else:
+        hostfile = args.hostfile or str(DEFAULT_HOSTFILE)
+        hosts = parse_hostfile(hostfile)
+    if args.threads is not None and args.threads < 1:
+        raise PsrtError(f"--threads {args.threads}: needs at least one thread")
+    return Request(command=tuple(command), hosts=hosts, hostfile=hostfile, np=args.np,
+                   bind=args.bind, oversubscribe=args.oversubscribe, threads=args.threads,
+                   exports=tuple(args.export), extra=tuple(shlex.split(args.extra_args)),
+                   emulated=args.emulate)
+
+
+def _say(notes) -> None:
+    for note in notes:
+        print(f"mpi_launch: {note}", file=sys.stderr, flush=True)
+
+
+@cli_main("mpi_launch")
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    env = os.environ
+    cores = os.cpu_count() or 1
+    req = _request(args, cores)
+    in_slurm = "SLURM_JOB_ID" in env or "SLURM_JOBID" in env
+    explicit_hosts = bool(args.hostfile or args.hosts)
+    use_srun = args.launcher == "srun" or (
+        args.launcher == "auto" and in_slurm and not explicit_hosts and not args.emulate
+        and shutil.which("srun"))
+    if use_srun:
+        if explicit_hosts or args.emulate:
+            raise PsrtError("srun places ranks on the Slurm allocation's nodes: drop "
+                            "--hostfile/--hosts/--emulate, or use --launcher mpirun")
+        srun = shutil.which("srun")
+        if srun is None and not args.dry_run:
+            raise PsrtError("--launcher srun: no srun on PATH (not on a Slurm cluster?)")
+        plan = plan_srun(req, srun or "srun", env)
+        _say(plan.notes)
+        if args.dry_run:
+            print(plan.shell())
+            return 0
+        return run_job(plan.argv, {**env, **plan.env})
+    if args.flavour and args.dry_run:
+        mpirun = args.mpirun or ("mpiexec" if args.flavour == "mpich" else "mpirun")
+        flavour = args.flavour
+    else:
+        mpirun = find_mpirun(args.mpirun)
+        flavour = args.flavour or mpi_flavour(mpirun)
+    if args.emulate:
+        return cluster.launch(req, flavour, mpirun, env, cores, args, dry_run=args.dry_run)
+    if args.rate or args.delay or args.subnet:
+        raise PsrtError("--rate, --delay and --subnet shape the emulated cluster: add --emulate")
+    plan = plan_mpirun(req, flavour, mpirun, env, cores, dry_run=args.dry_run)
+    _say(plan.notes)
+    if args.dry_run:
+        print(plan.shell())
+        return 0
+    return run_job(plan.argv, {**env, **plan.env})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

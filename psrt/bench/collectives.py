@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from psrt.collectives import ALGORITHMS, Communicator
+from psrt.errors import PsrtError
 
 BUS_FACTOR = {
     "allreduce": lambda n: 2 * (n - 1) / n,
@@ -154,3 +155,127 @@ def algorithms_for(collective: str, requested: list[str] | None, torch_ready: bo
         names = [a for a in names if a not in PEERS]
     # native first: every other row is compared with it
     return sorted(names, key=lambda a: a != "native")
+
+
+def sizes_from(args) -> list[int]:
+    try:
+        if args.sizes:
+            return [parse_size(s) for s in args.sizes.split(",")]
+        lo, hi = parse_size(args.min_size), parse_size(args.max_size)
+    except ValueError as err:
+        raise PsrtError(f"--sizes/--min-size/--max-size: {err}", everywhere=True) from err
+    if lo < 1 or hi < lo:
+        raise PsrtError(f"--min-size {args.min_size} / --max-size {args.max_size}: need 1 <= min <= max",
+                        everywhere=True)
+    return size_sweep(lo, hi, args.step)
+
+
+
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
+HELP = "time, algbw, busbw per algorithm and size (run under mpirun)"
+
+
+def add_arguments(c) -> None:
+    c.add_argument("--collective", default="allreduce", help=f"comma list of {', '.join(COLLECTIVES)}")
+    c.add_argument("--algorithms", default=None,
+                   help="comma list (default: all for the collective, plus auto); 'mpi4py' adds the "
+                        "MPI library called directly, without psrt's API; 'horovod' adds "
+                        "horovod's allreduce (scripts/install_horovod.sh)")
+    add_size_arguments(c, "4", "64MiB")
+    c.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"])
+    c.add_argument("--warmup", type=int, default=3)
+    c.add_argument("--repeats", type=int, default=5)
+    c.add_argument("--json", help="write points as JSON")
+    c.add_argument("--csv", help="write points as CSV")
+    c.add_argument("--plot", help="write a busbw-vs-size PNG")
+    c.add_argument("--quiet", action="store_true")
+
+
+def add_size_arguments(p, lo: str, hi: str) -> None:
+    """--sizes, or --min-size/--max-size/--step: the message sizes of a sweep."""
+    p.add_argument("--sizes", default=None, help="explicit comma list, e.g. 4,64K,16MiB")
+    p.add_argument("--min-size", default=lo)
+    p.add_argument("--max-size", default=hi)
+    p.add_argument("--step", type=int, default=4, help="size multiplier between points (default 4)")
+
+
+def check(args) -> None:
+    from psrt.bench.report import need
+    from psrt.collectives import ALL_ALGORITHMS
+    need(args.repeats >= 1, f"--repeats {args.repeats}: must be at least 1")
+    need(args.step >= 2, f"--step {args.step}: the size multiplier must be at least 2")
+    need(args.warmup >= 0, f"--warmup {args.warmup}: must not be negative")
+    bad = [c for c in args.collective.split(",") if c not in COLLECTIVES]
+    need(not bad, f"--collective {','.join(bad)}: choose from {', '.join(COLLECTIVES)}")
+    if args.algorithms:
+        bad = [a for a in args.algorithms.split(",") if a not in ALL_ALGORITHMS + PEERS]
+        need(not bad, f"--algorithms {args.algorithms}: unknown {', '.join(bad)} "
+                      f"(choose from {', '.join(ALL_ALGORITHMS + PEERS)})")
+
+
+def command(args) -> int:
+    check(args)
+    import psrt
+    from psrt.bench import report
+    from psrt.train.report import Progress
+
+    world = psrt.init()
+    sizes = sizes_from(args)
+    dtype = getattr(torch, args.dtype)
+    torch_ready = False
+    wanted = args.algorithms.split(",") if args.algorithms else None
+    if wanted is None or "torch" in wanted:
+        psrt.init_torch_distributed(world)
+        torch_ready = True
+    comm = psrt.Communicator(world)
+    # Horovod's background thread runs an MPI negotiation every cycle, even when idle, which
+    # slows every other algorithm measured beside it: Horovod is timed in a phase of its own,
+    # after the others, and shut down.
+    phases = [None] if wanted is None else \
+        [p for p in ([a for a in wanted if a != HOROVOD], [a for a in wanted if a == HOROVOD]) if p]
+    plan = [(algos, c, s) for algos in phases for c in args.collective.split(",") for s in sizes
+            if algorithms_for(c, algos, torch_ready)]
+    progress = Progress(len(plan), f"bench np={world.size}", enabled=world.rank == 0 and not args.quiet)
+    points, hvd = [], None
+    for i, (algos, coll, size) in enumerate(plan, 1):
+        if algos == [HOROVOD] and hvd is None:
+            from psrt.dp.horovod import init_horovod
+            hvd = init_horovod(comm)
+        points += measure(comm, coll, algorithms_for(coll, algos, torch_ready), size, dtype,
+                             warmup=args.warmup, repeats=args.repeats)
+        progress.update(i, f"{coll} {report.fmt_bytes(size)}")
+    if hvd is not None:
+        hvd.shutdown()
+    # one table block per algorithm reads best: sort by collective, algorithm order, size
+    order = {a: i for i, a in enumerate(dict.fromkeys(p.algorithm for p in points))}
+    rows = [p.row() for p in sorted(points, key=lambda p: (p.collective, order[p.algorithm], p.nbytes))]
+    if world.rank != 0:
+        comm.close()
+        return 0
+    native = {(r["collective"], r["nbytes"]): r["time_us"] for r in rows if r["algorithm"] == "native"}
+    for r in rows:
+        base = native.get((r["collective"], r["nbytes"]))
+        r["vs_native"] = base / r["time_us"] if base else None   # >1: faster than the MPI library
+        r["size"] = report.fmt_bytes(r["nbytes"])
+    wrong = sum(r["wrong"] for r in rows)
+    if not args.quiet:
+        print(f"# psrt collectives: N={world.size} ranks on {world.num_nodes} host(s), dtype {args.dtype}; "
+              f"time = median of {args.repeats} loops, slowest rank; vs_native = native time / time")
+        for coll in dict.fromkeys(r["collective"] for r in rows):
+            print(f"\n## {coll}")
+            report.table([r for r in rows if r["collective"] == coll], [
+                ("size", "size", ""), ("algorithm", "algorithm", ""), ("time_us", "time(us)", ".1f"),
+                ("time_min_us", "fastest rank(us)", ".1f"), ("algbw_gbs", "algbw(GB/s)", ".3f"),
+                ("busbw_gbs", "busbw(GB/s)", ".3f"), ("wrong", "#wrong", "d"), ("vs_native", "x native", ".2f")])
+        print(f"\n# {wrong} wrong elements in all")
+    meta = {"world_size": world.size, "num_nodes": world.num_nodes, "dtype": args.dtype,
+            "mpi": report.mpi_version(), "host": world.hostname}
+    if args.json:
+        report.write_json(args.json, {"meta": meta, "rows": rows})
+    if args.csv:
+        report.write_csv(args.csv, rows)
+    if args.plot:
+        report.plot_busbw([r for r in rows if r["collective"] == args.collective.split(",")[0]], args.plot,
+                          f"{args.collective.split(',')[0]}, N={world.size}, {args.dtype}")
+    comm.close()
+    return 1 if wrong else 0

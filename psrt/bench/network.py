@@ -221,3 +221,65 @@ def plot(payload: dict, path) -> bool:
         size = next(r["nbytes"] for r in payload["rows"] if r["rate"] == rate)
         label(ax, f"allreduce {fmt_bytes(size)}, {rate} links, 1 rank per host", "hosts", "time (s)")
     return save(plt, fig, path)
+
+
+HELP = "ps vs ring on emulated hosts with shaped links, against the alpha-beta model (root; runs its own MPI jobs)"
+
+
+def add_arguments(nw) -> None:
+    nw.add_argument("--rates", default="1gbit,100mbit", help="link rates, tc syntax (comma list)")
+    nw.add_argument("--hosts", dest="hosts_text", default="2,4,8",
+                    help="host counts of one rank each (comma list, 2..64)")
+    nw.add_argument("--size", default="64MiB", help="all-reduce size at the fastest rate; slower "
+                    "rates get proportionally less, at least 1 MiB")
+    nw.add_argument("--no-two-nodes", dest="two_nodes", action="store_false",
+                    help="skip the 2 hosts x 4 ranks layout of hostfiles/two_nodes")
+    nw.add_argument("--no-floor", dest="floor", action="store_false",
+                    help="skip the unshaped runs that tell network-bound rows from CPU-bound ones")
+    nw.add_argument("--warmup", type=int, default=1)
+    nw.add_argument("--repeats", type=int, default=3)
+    nw.add_argument("--quick", action="store_true", help="1gbit, 2 and 8 hosts, 16 MiB, one repeat")
+    nw.add_argument("--json")
+    nw.add_argument("--csv")
+    nw.add_argument("--plot", help="PNG: time vs hosts, measured and predicted")
+    nw.add_argument("--quiet", action="store_true", help="no progress display")
+
+
+def check(args) -> None:
+    """Refuse bad values in one line; turn the text options into lists and bytes."""
+    from psrt.bench.collectives import parse_size
+    from psrt.bench.report import need
+    from psrt.launch.cluster import _RATE
+    need(args.repeats >= 1, f"--repeats {args.repeats}: must be at least 1")
+    need(args.warmup >= 0, f"--warmup {args.warmup}: must not be negative")
+    args.rates = [r.strip() for r in args.rates.split(",")]
+    bad = [r for r in args.rates if not _RATE.match(r)]
+    need(not bad, f"--rates {','.join(bad)}: expected tc rates such as 1gbit,100mbit")
+    parts = args.hosts_text.split(",")
+    need(all(p.strip().isdigit() and 2 <= int(p) <= 64 for p in parts),
+         f"--hosts {args.hosts_text}: expected host counts from 2 to 64, e.g. 2,4,8")
+    args.host_counts = sorted({int(p) for p in parts})
+    try:
+        args.size = parse_size(args.size)
+    except ValueError as err:
+        need(False, str(err))
+    need(args.size >= 1 << 20, f"--size {args.size} B: the network regime needs at least 1 MiB")
+
+
+def command(args) -> int:
+    check(args)
+    """PS vs ring on emulated hosts with shaped links, measured and predicted (root)."""
+    from psrt.bench import report
+    if args.quick:
+        quicken(args)
+    payload = run(args)
+    payload["goals"] = goals(payload)
+    print_report(payload)
+    report.print_goals(payload["goals"])
+    if args.json:
+        report.write_json(args.json, payload)
+    if args.csv:
+        report.write_csv(args.csv, payload["rows"])
+    if args.plot:
+        plot(payload, args.plot)
+    return 1 if any(r["wrong"] for r in payload["rows"]) else 0

@@ -14,6 +14,8 @@ import time
 
 import numpy as np
 
+from psrt.errors import PsrtError
+
 TAG = 9
 
 
@@ -50,3 +52,53 @@ def pingpong(comm, sizes: list[int], repeats: int = 5, min_time_s: float = 0.05)
         points.append({"nbytes": size, "one_way_s": statistics.median(loops),
                        "min_s": min(loops), "max_s": max(loops)})
     return points
+
+
+HELP = "one-way time between the first and last rank, and the alpha-beta fit (run under mpirun, one rank per host)"
+
+
+def add_arguments(p) -> None:
+    from psrt.bench.collectives import add_size_arguments
+    add_size_arguments(p, "8", "16MiB")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--json", help="write points and fit as JSON")
+    p.add_argument("--quiet", action="store_true")
+
+
+def check(args) -> None:
+    from psrt.bench.report import need
+    need(args.repeats >= 1, f"--repeats {args.repeats}: must be at least 1")
+    need(args.step >= 2, f"--step {args.step}: the size multiplier must be at least 2")
+
+
+def command(args) -> int:
+    check(args)
+    """Ping-pong between the first and the last rank; prints and writes T(m) and the fit."""
+    import psrt
+    from psrt.bench import report
+    from psrt.bench.collectives import sizes_from
+    from psrt.collectives import cost
+
+    world = psrt.init()
+    if world.size < 2:
+        raise PsrtError("pingpong needs at least 2 ranks (mpirun -np 2 ...)", everywhere=True)
+    points = pingpong(world.comm, sizes_from(args), repeats=args.repeats)
+    if world.rank != 0:
+        return 0
+    try:
+        model = cost.fit(points)
+    except ValueError:
+        model = None
+    if not args.quiet:
+        print(f"# ping-pong, rank 0 ({world.hostname}) <-> rank {world.size - 1}: one-way time, median")
+        report.table([dict(p, size=report.fmt_bytes(p["nbytes"]), us=p["one_way_s"] * 1e6,
+                           mbs=p["nbytes"] / p["one_way_s"] / 1e6) for p in points],
+                     [("size", "size", ""), ("us", "one-way(us)", ".1f"), ("mbs", "MB/s", ".1f")])
+        if model:
+            print(f"# alpha = {model.alpha_s * 1e6:.1f} us, beta = {model.beta_s_per_byte * 1e9:.3f} ns/B "
+                  f"({model.bandwidth_bytes_s / 1e6:.1f} MB/s), r2 = {model.r2:.4f}")
+    if args.json:
+        report.write_json(args.json, {"meta": {"world_size": world.size, "host": world.hostname,
+                                               "mpi": report.mpi_version()},
+                                      "points": points, "fit": model and vars(model)})
+    return 0

@@ -1,6 +1,6 @@
 """Model-parallel measurements next to their theory, in well under a minute.
 
-    mpirun -np 4 python -m psrt.bench.pipeline [--json FILE]
+    mpirun -np 4 python -m psrt.bench pipeline [--json FILE]
 
 1. Pipeline bubble per schedule.  Stages do fixed-duration work (a sleep of t_f forward and
    2 t_f backward, split over the virtual stages), so the figure measures the schedule and
@@ -17,14 +17,12 @@ Each part is a function of an mpi4py communicator (`bubble`, `activation_memory`
 """
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
 import torch
 from torch import nn
 
-from psrt.errors import cli_main
 from psrt.pp import PipelineRuntime, build_stages, make
 
 
@@ -142,16 +140,25 @@ def _print(res: dict) -> None:
     print(f"  on the wire per rank with a ring all-reduce: {t['ring_wire_bytes_per_rank']:,} B")
 
 
-@cli_main("psrt.bench.pipeline")
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="psrt.bench.pipeline", description=__doc__.split("\n")[0])
+HELP = "pipeline bubble per schedule, activation memory and tensor-parallel bytes, beside the theory (run under mpirun)"
+
+
+def add_arguments(ap) -> None:
     ap.add_argument("--t-forward", type=float, default=0.03, help="forward time per stage (s)")
     ap.add_argument("--microbatches", default="4,8", help="micro-batch counts, comma list")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON (rank 0)")
-    args = ap.parse_args(argv)
+
+
+def command(args) -> int:
+    from psrt.bench.report import need
+    try:
+        ms = tuple(int(v) for v in args.microbatches.split(","))
+    except ValueError:
+        ms = ()
+    need(bool(ms) and min(ms) >= 1, f"--microbatches {args.microbatches}: expected counts such as 4,8")
+    need(args.t_forward > 0, f"--t-forward {args.t_forward}: must be positive")
     import psrt
     world = psrt.init(export_env=False)
-    ms = tuple(int(v) for v in args.microbatches.split(","))
     res = {"bubble": bubble(world.comm, microbatches=ms, t_f=args.t_forward),
            "memory": activation_memory(world.comm),
            "tp": tp_bytes(world.comm)}
@@ -161,7 +168,3 @@ def main(argv=None) -> int:
             with open(args.json, "w") as f:
                 json.dump(res, f, indent=1)
     return 0
-
-
-if __name__ == "__main__":
-    main()

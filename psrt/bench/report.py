@@ -103,3 +103,26 @@ def plot_busbw(rows: list[dict], path, title: str) -> bool:
     ax.set_yscale("log")
     label(ax, title, "message size (bytes)", "bus bandwidth (GB/s)", log=True)
     return save(plt, fig, path)
+
+
+def mpi_version() -> str:
+    """The first line of the MPI library's version string."""
+    from mpi4py import MPI
+    return MPI.Get_library_version().splitlines()[0].strip()
+
+
+def status(goal: dict) -> str:
+    return {True: "met", False: "MISSED", None: "n/a"}[goal["ok"]]
+
+
+def print_goals(goals: list[dict]) -> None:
+    for g in goals:
+        print(f"goal {status(g)}  {g['goal']}: {g['value']}")
+    sys.stdout.flush()
+
+
+def need(ok: bool, text: str) -> None:
+    """A bad command-line value: one line, on rank 0 only."""
+    if not ok:
+        from psrt.errors import PsrtError
+        raise PsrtError(text, everywhere=True)

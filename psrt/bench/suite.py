@@ -24,6 +24,29 @@ from psrt.errors import PsrtError
 PARTS = ("collectives", "training", "network")
 COLLECTIVE_ALGORITHMS = ("ps", "ring", "halving-doubling", "tree", "native", "torch", "horovod")
 
+HELP = ("collectives, training and the network-bound regime in one run, with a Markdown report, "
+        "JSON, CSV and plots (runs its own MPI jobs)")
+
+
+def add_arguments(su) -> None:
+    su.add_argument("--out", default="out/bench", help="folder for report.md and the files")
+    su.add_argument("--np", default="2,4", help="world sizes on this host (comma list)")
+    su.add_argument("--parts", default=",".join(PARTS), help="comma list of " + ", ".join(PARTS))
+    su.add_argument("--quick", action="store_true", help="a small version of every part, under a minute")
+    su.add_argument("--quiet", action="store_true", help="no progress display")
+
+
+def check(args) -> None:
+    from psrt.bench.report import need
+    parts = args.np.split(",")
+    need(all(p.strip().isdigit() and 2 <= int(p) <= 64 for p in parts),
+         f"--np {args.np}: expected world sizes from 2 to 64, e.g. 2,4")
+    args.np = sorted({int(p) for p in parts})
+    args.parts = [p.strip() for p in args.parts.split(",")]
+    bad = [p for p in args.parts if p not in PARTS]
+    need(not bad, f"--parts {','.join(bad)}: choose from {', '.join(PARTS)}")
+
+
 
 def settings(args) -> dict:
     """What each part measures, full or --quick (under a minute here)."""
@@ -48,7 +71,8 @@ def netns_ok() -> str | None:
     return None
 
 
-def run(args) -> int:
+def command(args) -> int:
+    check(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     plan = settings(args)
@@ -190,10 +214,9 @@ def network_section(payload: dict) -> str:
 
 
 def machine() -> str:
-    from psrt.bench.__main__ import _mpi_version
     import torch
     try:
-        mpi = _mpi_version().split(", package")[0].strip()
+        mpi = report.mpi_version().split(", package")[0].strip()
     except Exception:  # noqa: BLE001 - the report must not fail over a label
         mpi = "unknown MPI"
     return (f"{platform.node()}: {os.cpu_count()} cores, {platform.system()} {platform.release()}, "
@@ -206,8 +229,7 @@ def markdown(args, sections: list[str], goals: list[dict]) -> str:
             f"- machine: {machine()}",
             f"- date: {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}\n",
             "## Goals, as measured in this run\n"]
-    from psrt.bench.__main__ import status
-    head.append(report.md_table([dict(g, status=status(g)) for g in goals],
+    head.append(report.md_table([dict(g, status=report.status(g)) for g in goals],
                          [("goal", "goal", ""), ("value", "measured", ""), ("status", "", "")])
                 if goals else "(no goal applies to the parts run)\n")
     return "\n".join(head) + "\n" + "\n".join(sections)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
+import sys
 import time
 
 import torch
@@ -168,3 +169,61 @@ def scaling(rows: list[dict], single: dict) -> None:
     for row in rows:
         row["efficiency"] = row["samples_per_s"] / (row["workers"] * single["samples_per_s"]) \
             if single else None
+
+
+HELP = "step time and samples/s of every --dp strategy on one model (run under mpirun)"
+
+
+def add_arguments(tr) -> None:
+    tr.add_argument("--dp", default=None, help="strategies (default: ps,ps-sharded,ring,native,torch,"
+                    "torch-ddp,horovod); torch-ddp is torch.nn.parallel.DistributedDataParallel")
+    tr.add_argument("--model", default="mlp", choices=["mlp", "cnn", "transformer"])
+    tr.add_argument("--width", type=int, default=1024)
+    tr.add_argument("--layers", type=int, default=2)
+    tr.add_argument("--batch", type=int, default=32, help="samples per rank per step (weak scaling)")
+    tr.add_argument("--steps", type=int, default=5, help="steps per timed round")
+    tr.add_argument("--bucket-mb", type=float, default=None,
+                    help="gradient bucket size of psrt's DDP strategies (default: theirs)")
+    tr.add_argument("--rounds", type=int, default=3)
+    tr.add_argument("--json")
+    tr.add_argument("--quiet", action="store_true")
+
+
+def check(args) -> None:
+    from psrt.bench.report import need
+    from psrt.dp import STRATEGIES
+    bad = [d for d in (args.dp or "").split(",") if d and d not in tuple(STRATEGIES) + (PEER,)]
+    need(not bad, f"--dp {','.join(bad)}: choose from {', '.join(tuple(STRATEGIES) + (PEER,))}")
+    for name in ("width", "layers", "batch", "steps", "rounds"):
+        need(getattr(args, name) >= 1, f"--{name} {getattr(args, name)}: must be at least 1")
+
+
+def command(args) -> int:
+    check(args)
+    """Step time of every strategy on one model, in one job (run under mpirun)."""
+    import psrt
+    from psrt.bench import report
+    from psrt.train.report import Progress
+
+    world = psrt.init()
+    asked = args.dp.split(",") if args.dp else list(DEFAULT_STRATEGIES)
+    names = available(asked)
+    if world.rank == 0 and len(names) < len(asked) and not args.quiet:
+        print("psrt.bench: horovod is not installed, left out (scripts/install_horovod.sh)", file=sys.stderr)
+    progress = Progress(len(names) * (args.rounds + 1), f"training np={world.size}",
+                        enabled=world.rank == 0 and not args.quiet)
+    rows = measure(world, names, args.model, args.width, args.layers, args.batch,
+                            args.steps, args.rounds, bucket_mb=args.bucket_mb, progress=progress)
+    if world.rank != 0:
+        return 0
+    if not args.quiet:
+        print(f"# {args.model} ({rows[0]['params'] / 1e6:.2f} M parameters), {args.batch} samples per "
+              f"rank, N={world.size} on {world.num_nodes} host(s); step = median of {args.rounds} rounds "
+              f"of {args.steps} steps, slowest rank")
+        report.table(rows, COLUMNS)
+    if args.json:
+        report.write_json(args.json, {"meta": {"world_size": world.size, "num_nodes": world.num_nodes,
+                                               "model": args.model, "width": args.width, "layers": args.layers,
+                                               "batch_per_rank": args.batch, "mpi": report.mpi_version()},
+                                      "rows": rows})
+    return 0

@@ -7,7 +7,7 @@ from psrt.collectives.layout import even_counts, offsets
 from psrt.collectives.tuning import Tuning
 from psrt.errors import PsrtError
 from psrt import transport
-from psrt.bench.__main__ import crossovers
+from psrt.bench.tune import crossovers
 
 
 @pytest.mark.parametrize("dtype", transport.SUPPORTED_DTYPES)

@@ -65,3 +65,27 @@ def run_ranks():
                               stdin=subprocess.DEVNULL)
         return RankRun(proc)
     return run
+
+
+# --- launcher requests, shared by the unit, MPI and emulated-host tests of psrt.launch --------
+LAUNCH_CMD = ("python", "-m", "psrt.info")
+NOWHERE = "psrt-no-such-host.invalid"  # .invalid never resolves (RFC 6761)
+
+
+def req(hosts, np_=None, **kw):
+    """A launch Request for `hosts` (a host list or `--hosts` text) running LAUNCH_CMD."""
+    from psrt.launch import hostfile, plan
+    if isinstance(hosts, str):
+        hosts = hostfile.parse_hosts(hosts)
+    return plan.Request(command=LAUNCH_CMD, hosts=hosts, np=np_, **kw)
+
+
+def write_hostfile(tmp_path, text, name="hosts"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def root_flag():
+    """Open MPI refuses root unless told: the planner adds this flag when run as root."""
+    return ["--allow-run-as-root"] if os.geteuid() == 0 else []

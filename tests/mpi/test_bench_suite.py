@@ -9,12 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from psrt.bench.suite import netns_ok
-
 ROOT = Path(__file__).resolve().parents[2]
-
-
-# --- the model, without MPI -------------------------------------------------------------------
 
 
 # --- rank side, under mpirun ------------------------------------------------------------------
@@ -52,9 +47,6 @@ def test_pingpong_fit(run_ranks, tmp_path):
 
 # --- the emulated network and the whole suite ------------------------------------------------
 
-_MISSING = netns_ok()
-netns = pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
-
 
 def _bench(*args, timeout=400):
     return subprocess.run([sys.executable, "-m", "psrt.bench", *args], capture_output=True, text=True,
@@ -80,3 +72,20 @@ def test_suite_quick_writes_the_report(tmp_path):
     assert {"ps", "ring", "native"} <= {r["algorithm"] for r in coll}
     assert sum(r["wrong"] for r in coll) == 0
     assert proc.stdout.startswith("# psrt benchmark report")
+
+
+@pytest.mark.mpi
+def test_pipeline_bench_matches_its_theory(run_ranks, tmp_path):
+    """`python -m psrt.bench pipeline` on 4 ranks: the bubble within 0.1 of (p-1)/(vm+p-1),
+    1F1B holding at most p - r micro-batches on rank r, and Megatron's TP byte count."""
+    out = tmp_path / "pipeline.json"
+    run_ranks(4, "-m", "psrt.bench", "pipeline", "--microbatches", "4", "--t-forward", "0.01",
+              "--json", str(out), timeout=300).check()
+    res = json.loads(out.read_text())
+    assert {r["schedule"] for r in res["bubble"]} == {"gpipe", "1f1b", "interleaved"}
+    for row in res["bubble"]:
+        assert abs(row["measured"] - row["theory"]) < 0.1, row
+    one_f = next(r for r in res["memory"] if r["schedule"] == "1f1b")
+    assert one_f["peak_microbatches"] == one_f["theory_microbatches"] == [4, 3, 2, 1]
+    tp = res["tp"]
+    assert tp["forward_bytes"] == tp["megatron_forward_bytes"] and tp["backward_bytes"] == tp["megatron_backward_bytes"]

@@ -13,12 +13,6 @@ from psrt.bench.suite import netns_ok
 ROOT = Path(__file__).resolve().parents[2]
 
 
-# --- the model, without MPI -------------------------------------------------------------------
-
-
-# --- rank side, under mpirun ------------------------------------------------------------------
-
-
 # --- the emulated network and the whole suite ------------------------------------------------
 
 _MISSING = netns_ok()

@@ -2,15 +2,11 @@
 sizes per rate and how goals are judged."""
 from __future__ import annotations
 
-
 import pytest
 
 from psrt.bench import network
 from psrt.collectives import cost as alpha_beta
 from psrt.collectives.cost import Fit
-from psrt.bench.suite import netns_ok
-
-
 
 # --- the model, without MPI -------------------------------------------------------------------
 
@@ -83,18 +79,5 @@ def test_goals_are_judged_from_the_measurements():
     assert all(good.values()) and len(good) == 3
     bad = network.goals(_payload(ps8=2.0, ring8=1.9, error=0.4))
     assert [g["ok"] for g in bad] == [False, False, False]
-
-
-# --- rank side, under mpirun ------------------------------------------------------------------
-
-
-# --- the emulated network and the whole suite ------------------------------------------------
-
-_MISSING = netns_ok()
-netns = pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
-
-
-
-
 
 

@@ -3,35 +3,11 @@ hands to mpirun (no namespaces are made here)."""
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 
 import pytest
 
-from psrt.launch import cluster as C
 from psrt.errors import PsrtError
-
-
-
-def _netns_missing() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root to create network namespaces"
-    if shutil.which("ip") is None or shutil.which("unshare") is None:
-        return "needs `ip` (iproute2) and `unshare` (util-linux)"
-    if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
-        return "`ip netns` does not work here"
-    return None
-
-
-_MISSING = _netns_missing()
-
-
-needs_openmpi = pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun on PATH")
-
-
-def namespaces() -> set[str]:
-    return C.existing_namespaces()
-
+from psrt.launch import cluster as C
 
 # --- without root -----------------------------------------------------------------------------
 
@@ -103,33 +79,5 @@ def test_agent_argv_quotes_for_the_remote_shell():
                                               ("10mbps", 10e6), ("800kbit", 1e5)])
 def test_rate_units(rate, bytes_per_s):
     assert C._rate_bytes(rate) == bytes_per_s
-
-
-# --- with namespaces --------------------------------------------------------------------------
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 

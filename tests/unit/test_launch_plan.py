@@ -10,27 +10,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import LAUNCH_CMD, NOWHERE, req, root_flag, write_hostfile
 
+from psrt.errors import PsrtError
 from psrt.launch import hostfile as H
 from psrt.launch import plan as L
 from psrt.launch.__main__ import main as launch_main
-from psrt.errors import PsrtError
+from psrt.launch.mpi import local_mpirun_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
-CMD = ("python", "-m", "psrt.info")
-NOWHERE = "psrt-no-such-host.invalid"  # .invalid never resolves (RFC 6761)
-
-
-def req(hosts, np_=None, **kw):
-    if isinstance(hosts, str):
-        hosts = H.parse_hosts(hosts)
-    return L.Request(command=CMD, hosts=hosts, np=np_, **kw)
-
-
-def hostfile(tmp_path, text, name="hosts"):
-    path = tmp_path / name
-    path.write_text(text)
-    return path
 
 
 # --- hostfiles ------------------------------------------------------------------------------
@@ -76,12 +64,12 @@ def test_repository_hostfiles():
 
 
 def test_repeated_host_adds_slots(tmp_path):
-    hosts = H.parse_hostfile(hostfile(tmp_path, "a slots=2\nb slots=1\na slots=3\n"))
+    hosts = H.parse_hostfile(write_hostfile(tmp_path, "a slots=2\nb slots=1\na slots=3\n"))
     assert [(h.name, h.slots) for h in hosts] == [("a", 5), ("b", 1)]
 
 
 def test_mixed_syntax_is_refused(tmp_path):
-    path = hostfile(tmp_path, "a slots=2\nb:2\n")
+    path = write_hostfile(tmp_path, "a slots=2\nb:2\n")
     with pytest.raises(PsrtError, match="mixes Open MPI .* and MPICH"):
         H.parse_hostfile(path)
 
@@ -90,14 +78,14 @@ def test_missing_or_empty_hostfile(tmp_path):
     with pytest.raises(PsrtError, match=r"hostfile .*nope: No such file"):
         H.parse_hostfile(tmp_path / "nope")
     with pytest.raises(PsrtError, match="names no hosts"):
-        H.parse_hostfile(hostfile(tmp_path, "# nothing\n"))
+        H.parse_hostfile(write_hostfile(tmp_path, "# nothing\n"))
 
 
 def test_conversion_between_syntaxes(tmp_path):
-    ompi = H.parse_hostfile(hostfile(tmp_path, "node0 slots=4\nnode1 slots=2\nnode2\n"))
+    ompi = H.parse_hostfile(write_hostfile(tmp_path, "node0 slots=4\nnode1 slots=2\nnode2\n"))
     as_mpich = H.format_hosts(ompi, "mpich", cores=8)
     assert as_mpich == "node0:4\nnode1:2\nnode2:1\n"
-    back = H.parse_hostfile(hostfile(tmp_path, as_mpich, "m"))
+    back = H.parse_hostfile(write_hostfile(tmp_path, as_mpich, "m"))
     assert H.format_hosts(back, "openmpi", cores=8) == "node0 slots=4\nnode1 slots=2\nnode2 slots=1\n"
 
 
@@ -162,7 +150,7 @@ def test_srun_inside_an_allocation():
     env = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "8", "SLURM_CPUS_PER_TASK": "4"}
     p = L.plan_srun(req("localhost", 8, bind="core"), "srun", env)
     assert list(p.argv) == ["srun", "--ntasks=8", "--cpu-bind=cores",
-                            f"--export=ALL,PYTHONPATH={ROOT},OMP_NUM_THREADS=4", *CMD]
+                            f"--export=ALL,PYTHONPATH={ROOT},OMP_NUM_THREADS=4", *LAUNCH_CMD]
     # No -np: the allocation's task count; no cpus-per-task: the node's cpus shared out.
     p = L.plan_srun(req("localhost"), "srun", {"SLURM_NTASKS": "4", "SLURM_CPUS_ON_NODE": "8",
                                                 "SLURM_JOB_NUM_NODES": "2"})
@@ -181,9 +169,6 @@ def cli(capsys, *args):
     return done.value.code, out.out, out.err
 
 
-needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun on PATH")
-
-
 def test_cli_dry_run_for_another_mpi_needs_no_mpi(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     code, out, _ = cli(capsys, "--dry-run", "--flavour", "mpich", "--hosts", "a:2,b:2",
@@ -192,7 +177,7 @@ def test_cli_dry_run_for_another_mpi_needs_no_mpi(capsys, monkeypatch, tmp_path)
 
 
 def test_cli_bad_hostfile_names_the_line(capsys, tmp_path):
-    path = hostfile(tmp_path, "node0 slots=4\nnode1 slots=4 extra\n")
+    path = write_hostfile(tmp_path, "node0 slots=4\nnode1 slots=4 extra\n")
     code, _, err = cli(capsys, "--hostfile", str(path), "true")
     assert code == 2 and f"{path} line 2: cannot read 'node1 slots=4 extra'" in err
 
@@ -209,5 +194,138 @@ def test_cli_picks_srun_inside_a_slurm_allocation(capsys, monkeypatch, tmp_path)
     assert code == 0 and out.startswith(f"{srun} --ntasks=6 --export=ALL,PYTHONPATH=")
 
 
+# --- command lines (pure) ---------------------------------------------------------------------
+
+def plan(hosts, np_=None, flavour="openmpi4", env=None, cores=2, **kw):
+    hostfile_ = kw.pop("hostfile", None)
+    r = req(hosts, np_, hostfile=hostfile_, **kw)
+    return L.plan_mpirun(r, flavour, "mpirun", env or {}, cores)
 
 
+@pytest.mark.parametrize("np_,ranks", [
+    (8, (("node0", 4), ("node1", 4))),
+    (6, (("node0", 4), ("node1", 2))),
+    (3, (("node0", 3),)),
+    (None, (("node0", 4), ("node1", 4))),  # one rank per slot, like mpirun
+])
+def test_ranks_fill_hosts_in_order(np_, ranks):
+    assert L.place(req(TWO, np_), cores=2).ranks == ranks
+
+
+def test_mpich_gets_a_converted_host_list_and_genv():
+    hosts = H.parse_hostfile(ROOT / "hostfiles" / "two_nodes")
+    r = L.Request(command=LAUNCH_CMD, hosts=hosts, hostfile="hostfiles/two_nodes", np=8)
+    p = L.plan_mpirun(r, "mpich", "mpiexec", {"PSRT_X": "1"}, 2, dry_run=True)
+    assert list(p.argv) == ["mpiexec", "-n", "8", "-hosts", "node0:4,node1:4",
+                            "-genv", "PYTHONPATH", str(ROOT), "-genv", "OMP_NUM_THREADS", "1",
+                            "-genvlist", "PSRT_X", *LAUNCH_CMD]
+
+
+def test_openmpi5_oversubscribes_through_map_by():
+    argv = plan("localhost", 4, flavour="openmpi5").argv
+    assert "--map-by" in argv and argv[argv.index("--map-by") + 1] == ":OVERSUBSCRIBE"
+    assert "--oversubscribe" not in argv
+
+
+def test_bind_choice_and_user_threads_win():
+    p = plan("localhost", 2, env={"OMP_NUM_THREADS": "3"}, bind="core")
+    argv = list(p.argv)
+    assert argv[argv.index("--bind-to") + 1] == "core"
+    assert "-x" in argv and argv[argv.index("OMP_NUM_THREADS") - 1] == "-x"
+    assert "OMP_NUM_THREADS=1" not in argv
+    assert "OMP_NUM_THREADS=3 kept from the environment" in p.notes[0]
+    assert "OMP_NUM_THREADS=5" in plan("localhost", 2, threads=5).argv
+
+
+def test_exports():
+    p = plan("localhost", 1, env={"FOO": "1"}, exports=("FOO", "BAR=2"))
+    assert "BAR=2" in p.argv and p.argv[p.argv.index("FOO") - 1] == "-x"
+    with pytest.raises(PsrtError, match="--export NOPE: not set"):
+        plan("localhost", 1, exports=("NOPE",))
+    with pytest.raises(PsrtError, match="not a variable name"):
+        plan("localhost", 1, exports=("1X=2",))
+
+
+def test_unknown_host_is_an_error_in_a_real_run():
+    with pytest.raises(PsrtError) as err:
+        plan(f"localhost:1,{NOWHERE}:1", 2)
+    assert f"unknown host {NOWHERE!r}" in str(err.value)
+
+
+def test_hosts_without_counts_get_one_slot_each():
+    p = L.plan_mpirun(req("localhost:2,127.0.0.1"), "openmpi4", "mpirun", {}, 8)
+    argv = list(p.argv)
+    assert argv[argv.index("--host") + 1] == "localhost:2,127.0.0.1:8"
+    assert p.argv[p.argv.index("-np") + 1] == "10"
+
+
+def test_local_mpirun_prefix_still_serves_the_test_fixture():
+    if shutil.which("mpirun") is None:
+        pytest.skip("no mpirun on PATH")
+    argv = local_mpirun_prefix(3)
+    assert argv[0] == shutil.which("mpirun") and argv[1:3] == ["-np", "3"]
+
+
+def test_cli_no_mpi_found(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    code, _, err = cli(capsys, "-np", "2", "true")
+    assert code == 2 and "no MPI found: neither mpirun nor mpiexec is on PATH" in err
+
+
+def test_openmpi_two_nodes_hostfile_passed_as_is():
+    hosts = H.parse_hostfile(ROOT / "hostfiles" / "two_nodes")
+    r = L.Request(command=LAUNCH_CMD, hosts=hosts, hostfile="hostfiles/two_nodes", np=8)
+    p = L.plan_mpirun(r, "openmpi4", "mpirun", {"PSRT_TRACE": "1", "PYTHONPATH": "/x"}, 2,
+                      dry_run=True)
+    assert list(p.argv) == ["mpirun", *root_flag(), "-np", "8", "--hostfile",
+                            "hostfiles/two_nodes", "-x", f"PYTHONPATH={ROOT}:/x",
+                            "-x", "OMP_NUM_THREADS=1", "-x", "PSRT_TRACE", *LAUNCH_CMD]
+    assert p.ranks_per_host == (("node0", 4), ("node1", 4))
+    # node0/node1 do not resolve on a test machine: a dry run only warns.
+    assert all("a real run would stop: unknown host" in n for n in p.notes)
+
+
+def test_mpich_hostfile_passed_to_mpich_and_converted_for_openmpi(tmp_path):
+    path = write_hostfile(tmp_path, "localhost:2\n")
+    hosts = H.parse_hostfile(path)
+    r = L.Request(command=LAUNCH_CMD, hosts=hosts, hostfile=str(path), np=2)
+    assert L.plan_mpirun(r, "mpich", "mpiexec", {}, 2).argv[3:5] == ("-f", str(path))
+    assert L.plan_mpirun(r, "openmpi4", "mpirun", {}, 2).argv[len(root_flag()) + 3:][:2] == \
+        ("--host", "localhost:2")
+
+
+def test_local_run_has_no_host_arguments_and_crowding_flags():
+    p = plan("localhost", 4, cores=2)
+    assert list(p.argv) == ["mpirun", *root_flag(), "-np", "4", "--oversubscribe",
+                            "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1",
+                            "-x", f"PYTHONPATH={ROOT}", "-x", "OMP_NUM_THREADS=1", *LAUNCH_CMD]
+    # Fits the cores: the MPI's own binding, no yielding, no oversubscription.
+    assert list(plan("localhost", 2, cores=2).argv) == [
+        "mpirun", *root_flag(), "-np", "2", "-x", f"PYTHONPATH={ROOT}",
+        "-x", "OMP_NUM_THREADS=1", *LAUNCH_CMD]
+
+
+def test_cli_emulated_dry_run_shows_the_cluster_and_the_agent(capsys):
+    code, out, _ = cli(capsys, "--dry-run", "--emulate", "--flavour", "openmpi4", "--hostfile",
+                       str(ROOT / "hostfiles" / "two_nodes"), "-np", "8", "python", "-m",
+                       "psrt.info")
+    first, command = out.splitlines()
+    assert code == 0 and first.startswith("# emulated cluster: node0 (198.18.0.1), node1")
+    agent = str(ROOT / "scripts" / "netns_agent")
+    assert command.startswith(f"{agent} node0 mpirun ")
+    for flag in (f"--mca plm_rsh_agent {agent}", "--mca btl self,tcp",
+                 "--mca btl_tcp_if_include 198.18.0.0/24", "--mca mpi_yield_when_idle 1",
+                 "--bind-to none"):
+        assert flag in command
+    assert command.count("mpi_yield_when_idle") == 1
+
+
+def test_cli_emulated_dry_run_for_mpich(capsys):
+    code, out, _ = cli(capsys, "--dry-run", "--emulate", "--flavour", "mpich", "--hosts",
+                       "n0:2,n1:2", "python", "x.py")
+    agent = str(ROOT / "scripts" / "netns_agent")
+    assert code == 0 and out.splitlines()[1] == (
+        f"{agent} n0 mpiexec -n 4 -hosts n0:2,n1:2 -launcher ssh -launcher-exec {agent} "
+        "-iface eth0 -genv UCX_TLS tcp,self -genv UCX_NET_DEVICES eth0 -genv FI_PROVIDER tcp "
+        f"-bind-to none -genv PYTHONPATH {ROOT} -genv OMP_NUM_THREADS 1 python x.py")

@@ -8,7 +8,6 @@ from psrt.dp.ps_async import SSPTable
 from psrt.errors import PsrtError
 
 S = 2
-STEPS = 12
 
 
 # ---------------------------------------------------------------- SSPTable, no MPI
@@ -54,15 +53,5 @@ def test_table_rejects_out_of_order_clocks():
     t.retire(1, 0)
     with pytest.raises(PsrtError, match="rank 1, which is not an active worker"):
         t.push(1, 0, "b0")
-
-
-
-
-
-
-
-
-
-
 
 

@@ -12,9 +12,9 @@ import torch
 import psrt
 
 
-def show(world, comm, title: str, before, after) -> None:
+def show(world, group, title: str, before, after) -> None:
     """Print one line per rank: what it had and what it got."""
-    lines = comm.comm.gather(f"  {world.prefix():>16} {fmt(before):>26}  ->  {fmt(after)}", root=0)
+    lines = group.comm.gather(f"  {world.prefix():>16} {fmt(before):>26}  ->  {fmt(after)}", root=0)
     if world.rank == 0:
         print(f"\n{title}")
         print("\n".join(lines))
@@ -33,41 +33,41 @@ def main() -> None:
     ap.add_argument("--algorithm", default="auto", choices=psrt.ALL_ALGORITHMS)
     args = ap.parse_args()
     world = psrt.init()
-    comm = psrt.Communicator(world, algorithm=args.algorithm)
+    group = psrt.Communicator(world.comm, algorithm=args.algorithm)
     r, n = world.rank, world.size
     if r == 0:
         print(f"{n} ranks on {world.num_nodes} host(s); algorithm={args.algorithm}")
 
     x = torch.tensor([r + 1.0, 10.0 * (r + 1)])
-    show(world, comm, "allreduce(x, op='sum'): every rank gets the element-wise sum", x, comm.allreduce(x))
-    show(world, comm, "allreduce(x, op='max')", x, comm.allreduce(x, op="max"))
-    show(world, comm, "allreduce(x, op='avg')", x, comm.allreduce(x, op="avg"))
+    show(world, group, "allreduce(x, op='sum'): every rank gets the element-wise sum", x, group.allreduce(x))
+    show(world, group, "allreduce(x, op='max')", x, group.allreduce(x, op="max"))
+    show(world, group, "allreduce(x, op='avg')", x, group.allreduce(x, op="avg"))
 
     v = torch.arange(2 * n, dtype=torch.float32) + 100 * r
-    show(world, comm, "reduce_scatter(v): sum, then rank r keeps rows of block r", v, comm.reduce_scatter(v))
+    show(world, group, "reduce_scatter(v): sum, then rank r keeps rows of block r", v, group.reduce_scatter(v))
 
     mine = torch.full((r + 1,), float(r))
-    show(world, comm, "allgather(t): concatenate (uneven sizes are fine)", mine, comm.allgather(mine))
+    show(world, group, "allgather(t): concatenate (uneven sizes are fine)", mine, group.allgather(mine))
 
     b = torch.tensor([42.0, 7.0]) if r == 0 else torch.zeros(2)
     before = b.clone()
-    show(world, comm, "broadcast(b, root=0): root's tensor everywhere (in place)", before, comm.broadcast(b, root=0))
+    show(world, group, "broadcast(b, root=0): root's tensor everywhere (in place)", before, group.broadcast(b, root=0))
 
-    show(world, comm, f"reduce(x, root={n - 1}): the sum only on the root", x, comm.reduce(x, root=n - 1))
-    show(world, comm, "gather(t, root=0): concatenated on the root only", mine, comm.gather(mine, root=0))
+    show(world, group, f"reduce(x, root={n - 1}): the sum only on the root", x, group.reduce(x, root=n - 1))
+    show(world, group, "gather(t, root=0): concatenated on the root only", mine, group.gather(mine, root=0))
 
     whole = torch.arange(n * 2) if r == 0 else None
-    show(world, comm, "scatter(t, root=0): block r of the root's tensor to rank r", whole, comm.scatter(whole, root=0))
+    show(world, group, "scatter(t, root=0): block r of the root's tensor to rank r", whole, group.scatter(whole, root=0))
 
     blocks = torch.tensor([10 * r + j for j in range(n)])
-    show(world, comm, "alltoall(t): block j goes to rank j (a transpose of the rank x block table)",
-         blocks, comm.alltoall(blocks))
+    show(world, group, "alltoall(t): block j goes to rank j (a transpose of the rank x block table)",
+         blocks, group.alltoall(blocks))
 
-    handle = comm.allreduce(torch.ones(3) * r, async_op=True)   # returns at once
-    show(world, comm, "allreduce(..., async_op=True).wait(): non-blocking, then wait", torch.ones(3) * r,
+    handle = group.allreduce(torch.ones(3) * r, async_op=True)   # returns at once
+    show(world, group, "allreduce(..., async_op=True).wait(): non-blocking, then wait", torch.ones(3) * r,
          handle.wait())
-    comm.barrier()
-    comm.close()
+    group.barrier()
+    group.close()
 
 
 if __name__ == "__main__":

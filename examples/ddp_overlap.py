@@ -41,13 +41,13 @@ def main() -> None:
     args = ap.parse_args()
     world = psrt.init()
     torch.set_num_threads(1)
-    comm = psrt.Communicator(world)
+    group = psrt.Communicator(world.comm)
     x = torch.randn(args.batch, args.width)
     y = torch.randint(0, 10, (args.batch,))
     runs = {}
     for overlap in (True, False):
         model = model_of(args.layers, args.width)
-        ddp = RingDDP(model, lambda p: torch.optim.SGD(p, lr=1e-3), comm, bucket_mb=args.bucket_mb,
+        ddp = RingDDP(model, lambda p: torch.optim.SGD(p, lr=1e-3), group, bucket_mb=args.bucket_mb,
                       overlap=overlap, algorithm=args.algorithm)
         runs[overlap] = (model, ddp, [], [])
     loss_fns = {k: (lambda m: lambda mb: F.cross_entropy(m(mb[0]), mb[1]))(v[0]) for k, v in runs.items()}
@@ -73,7 +73,7 @@ def main() -> None:
         print(f"ratio overlap / after   : {on / off:8.2f}")
     for _, ddp, _, _ in runs.values():
         ddp.finish()
-    comm.close()
+    group.close()
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
     horovodrun -np 4 python examples/horovod_vs_ring.py
     mpirun -np 4 python examples/horovod_vs_ring.py --steps 200 --model cnn
 
-Both runs go through the loop `python -m psrt.train` uses (psrt.train.train_one): same seed,
+Both runs go through the loop `python -m psrt.train` uses (psrt.train.loop.train_one): same seed,
 same initial parameters, same sample order, same global batch; only the strategy that
 averages the gradients differs (`--dp horovod`, then `--dp ring`).  Any psrt.train flag
 may be added (--model, --batch-size, --optimizer, --compress fp16, ...); --dp is fixed.
@@ -12,10 +12,10 @@ Needs horovod (scripts/install_horovod.sh).
 import sys
 
 import psrt
+from psrt.errors import PsrtError, cli_main
 from psrt.train import report
 from psrt.train.config import parse_args
 from psrt.train.data import load
-from psrt.errors import PsrtError, cli_main
 from psrt.train.loop import check_paths, set_threads, train_one
 
 STRATEGIES = "horovod,ring"
@@ -49,7 +49,7 @@ def main(argv=None) -> int:
         rows = {dp: next(f[dp] for f in found if dp in f) for dp in cfg.dp_list}
         print(f"\n{cfg.model} on {cfg.data}: global batch {cfg.batch_size}, {world.size} ranks "
               f"(launcher: {world.launcher}), {cfg.optimizer} lr {cfg.lr:g}")
-        print(report.table(list(rows.values())))
+        print(report.summary_table(list(rows.values())))
         print(compare(rows), flush=True)
     ctl.Free()
     return 0

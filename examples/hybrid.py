@@ -9,9 +9,9 @@ loss and timings; at the end it reassembles the model and prints its size.
 import argparse
 
 import psrt
-from psrt.train.data import text
 from psrt.errors import cli_main
 from psrt.grid import Grid
+from psrt.train.data import text
 from psrt.train.hybrid import HybridConfig, run
 
 
@@ -28,7 +28,7 @@ def main():
     ap.add_argument("--batch", type=int, default=32, help="global batch (sequences)")
     args = ap.parse_args()
     world = psrt.init()
-    grid = Grid.build(world, pp=args.pp, tp=args.tp, algorithm="auto")
+    grid = Grid.build(world.comm, pp=args.pp, tp=args.tp, algorithm="auto")
     cfg = HybridConfig(vocab=256, dim=64, layers=2, heads=4, seq_len=32, schedule=args.schedule,
                        virtual_stages=args.virtual_stages, microbatches=args.microbatches,
                        dp_algorithm=args.dp_algorithm, optimizer="adam", lr=3e-3)

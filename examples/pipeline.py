@@ -13,12 +13,12 @@ import torch
 import torch.nn.functional as F
 
 import psrt
-from psrt.train.data import text
 from psrt.errors import cli_main
 from psrt.grid import Grid
-from psrt.train.models import TransformerLM
-from psrt.pp import PipelineRuntime, build_stages, make, split_batch, table
+from psrt.pp import PipelineRuntime, build_stages, make_schedule, split_batch, table
 from psrt.pp.partition import describe
+from psrt.train.data import text
+from psrt.train.models import TransformerLM
 
 
 @cli_main("examples/pipeline.py")
@@ -35,8 +35,8 @@ def main():
     if args.schedule == "interleaved" and v == 1:
         v = 2
     world = psrt.init()
-    grid = Grid.build(world, pp=world.size)
-    sched = make(args.schedule, grid.pp, args.microbatches, v)
+    grid = Grid.build(world.comm, pp=world.size)
+    sched = make_schedule(args.schedule, grid.pp, args.microbatches, v)
     torch.manual_seed(0)
     model = TransformerLM(vocab=256, dim=64, layers=args.layers, heads=4, max_len=32)
     blocks = [model.embed, *model.blocks, model.head]

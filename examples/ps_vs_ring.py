@@ -16,19 +16,19 @@ import time
 import torch
 
 import psrt
-from psrt.train.data import ShardedSampler, digits
 from psrt.dp import strategy_class
+from psrt.train.data import ShardedSampler, digits
 from psrt.train.models import build_model, loss_and_correct
-from psrt.train.report import human_bytes
+from psrt.train.report import fmt_bytes
 
 
 def train(dp: str, args, world, dataset) -> dict | None:
-    comm = psrt.Communicator(world)
+    group = psrt.Communicator(world.comm)
     torch.manual_seed(args.seed)
     model = build_model("mlp", dataset, width=args.width)
     make_opt = lambda p: torch.optim.SGD(p, lr=args.lr, momentum=0.9)  # noqa: E731
     options = {"servers": args.servers} if dp.startswith("ps") else {}
-    s = strategy_class(dp)(model, make_opt, comm, **options)
+    s = strategy_class(dp)(model, make_opt, group, **options)
     losses, sent, busy = [], 0, 0.0
     world.comm.Barrier()
     t0 = time.perf_counter()
@@ -48,7 +48,7 @@ def train(dp: str, args, world, dataset) -> dict | None:
     wall = time.perf_counter() - t0
     everyone = world.comm.gather({"worker": s.is_worker, "wr": s.worker_rank, "sent": sent,
                                   "comm_s": busy, "losses": losses, "wall": wall}, root=0)
-    comm.close()
+    group.close()
     if world.rank != 0:
         return None
     lead = next(r for r in everyone if r["wr"] == 0)
@@ -84,8 +84,8 @@ def main() -> None:
     print(f"\nlargest loss difference over {args.steps} steps: {worst:.1e}\n")
     print(f"{'':26}{'ps':>12}{'ring':>12}")
     print(f"{'time per step':26}{ps['wall'] / args.steps * 1e3:>10.1f}ms{ring['wall'] / args.steps * 1e3:>10.1f}ms")
-    print(f"{'bytes sent, busiest rank':26}{human_bytes(ps['sent_max']):>12}{human_bytes(ring['sent_max']):>12}")
-    print(f"{'bytes sent, a worker':26}{human_bytes(ps['sent_worker']):>12}{human_bytes(ring['sent_worker']):>12}")
+    print(f"{'bytes sent, busiest rank':26}{fmt_bytes(ps['sent_max']):>12}{fmt_bytes(ring['sent_max']):>12}")
+    print(f"{'bytes sent, a worker':26}{fmt_bytes(ps['sent_worker']):>12}{fmt_bytes(ring['sent_worker']):>12}")
 
 
 if __name__ == "__main__":

@@ -12,11 +12,11 @@ import torch
 import torch.nn.functional as F
 
 import psrt
-from psrt.train.data import text
 from psrt.errors import cli_main
 from psrt.grid import Grid
-from psrt.train.models import TransformerLM
 from psrt.tp import CountingGroup, shard_dense
+from psrt.train.data import text
+from psrt.train.models import TransformerLM
 
 
 @cli_main("examples/tensor_parallel.py")
@@ -27,7 +27,7 @@ def main():
     ap.add_argument("--layers", type=int, default=2)
     args = ap.parse_args()
     world = psrt.init()
-    grid = Grid.build(world, tp=world.size)
+    grid = Grid.build(world.comm, tp=world.size)
     torch.manual_seed(0)
     dense = TransformerLM(vocab=256, dim=64, layers=args.layers, heads=4, max_len=32)
     group = CountingGroup(grid.tp_group)

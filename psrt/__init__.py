@@ -2,8 +2,8 @@
 
     import psrt
     world = psrt.init()                       # rank, local rank, node rank, a private comm
-    comm = psrt.Communicator(world, algorithm="ring")
-    total = comm.allreduce(torch.ones(4))     # == world.size everywhere
+    group = psrt.Communicator(world.comm, algorithm="ring")
+    total = group.allreduce(torch.ones(4))     # == world.size everywhere
 
 Names are imported on first use (PEP 562), so tools that need no torch (mpi_launch,
 python -m psrt.cluster, python -m psrt.info) start without importing it.

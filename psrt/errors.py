@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
 import sys
@@ -23,6 +24,19 @@ class PsrtError(Exception):
 
 class CollectiveMismatch(PsrtError):
     """Ranks called a collective with arguments that do not agree."""
+
+
+def make_options(cls, given: dict, where: str):
+    """`cls(**given)` for an options dataclass, refusing a key that is not one of its fields
+    in one line naming what it accepts: a misspelt `bucket_m=` must not run with the default
+    and say nothing.  `where` names the receiver (e.g. "--dp ring")."""
+    accepted = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(given) - set(accepted))
+    if unknown:
+        what = f"it accepts {', '.join(accepted)}" if accepted else "it takes no options"
+        raise PsrtError(f"{where}: unknown option{'s' * (len(unknown) > 1)} {', '.join(unknown)} "
+                        f"({what})", everywhere=True)
+    return cls(**given)
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -66,7 +80,9 @@ def cli_main(prog: str):
                 return fn(*args, **kwargs)
             except PsrtError as err:
                 report(err, prog)
-                _exit(err.exit_code, err.everywhere)
+                if not err.everywhere:
+                    abort(err.exit_code)   # the others may wait for this rank in a collective
+                sys.exit(err.exit_code)
             except KeyboardInterrupt:
                 print(f"{prog}: interrupted", file=sys.stderr)
                 sys.exit(130)
@@ -74,12 +90,14 @@ def cli_main(prog: str):
     return wrap
 
 
-def _exit(code: int, everywhere: bool) -> None:
-    """Leave with `code`.  An error on one rank of a running job aborts the whole job, since
-    the other ranks may be waiting in a collective for it (MPI 4.1 sec. 9.5, MPI_ABORT)."""
+def abort(code: int) -> None:
+    """End every rank of the job with `code` when MPI runs with more than one rank (MPI 4.1
+    sec. 9.5, MPI_ABORT): the others may be waiting in a collective for this one, and would
+    hang.  Returns (does nothing) when there is no such job; the caller then exits itself.
+    The one abort path of psrt: errors, the exception hook and the watchdog all end here."""
     mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and not everywhere and mpi.Is_initialized() and not mpi.Is_finalized():
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
         if mpi.COMM_WORLD.Get_size() > 1:
+            sys.stdout.flush()
             sys.stderr.flush()
             mpi.COMM_WORLD.Abort(code)
-    sys.exit(code)

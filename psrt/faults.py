@@ -17,7 +17,9 @@ import os
 import sys
 import traceback
 
-from psrt.errors import report
+from psrt import env
+from psrt.errors import abort, report
+
 
 def describe(err: BaseException) -> str:
     """`Type: message (file:line)` of where `err` was raised, on one line."""
@@ -32,20 +34,12 @@ def describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}{where}"
 
 
-def _abort(code: int) -> None:
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        if mpi.COMM_WORLD.Get_size() > 1:
-            sys.stderr.flush()
-            mpi.COMM_WORLD.Abort(code)
-
-
 def excepthook(kind, err, tb, prog: str = "psrt") -> None:
     if issubclass(kind, KeyboardInterrupt):
         print(f"{prog}: interrupted", file=sys.stderr, flush=True)
-        _abort(130)
+        abort(130)
         return
-    if os.environ.get("PSRT_TRACEBACK") == "1":
+    if env.traceback():
         traceback.print_exception(kind, err, tb)
     if err.__traceback__ is None:
         err = err.with_traceback(tb)
@@ -54,7 +48,7 @@ def excepthook(kind, err, tb, prog: str = "psrt") -> None:
         everywhere = False
     report(_Line(describe(err)), prog)
     code = getattr(err, "exit_code", 1)
-    _abort(code)
+    abort(code)
     # One rank (or MPI not started): leave with the code now, without running MPI_Finalize.
     os._exit(code)
 

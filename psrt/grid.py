@@ -12,6 +12,10 @@ neighbour, the least traffic, so it spans hosts.
 
 Built with MPI_Cart_create / MPI_Cart_sub (MPI 4.1 sec. 8.5), reorder=False so ranks keep
 their numbers and the formula above holds on any MPI.
+
+Naming rule, everywhere in psrt: `comm` is an mpi4py communicator and `group` a
+psrt.Communicator (collectives over torch tensors on one comm); `dp_comm` / `dp_group` are
+the two over the same ranks.  An argument named `comm` never accepts anything else.
 """
 from __future__ import annotations
 
@@ -49,8 +53,8 @@ class Grid:
 
     Args:
         dp, pp, tp: degrees of data, pipeline and tensor parallelism; dp*pp*tp == world size.
-        comm: a psrt.World, psrt.Communicator or mpi4py communicator (psrt's own Dup;
-            never COMM_WORLD itself, so grid traffic cannot meet the user's).
+        comm: an mpi4py communicator, usually `world.comm` (psrt's own Dup; never
+            COMM_WORLD itself, so grid traffic cannot meet the user's).
         algorithm: default algorithm of the psrt Communicators over each axis.
 
     Attributes (set on construction):
@@ -86,8 +90,9 @@ class Grid:
         from mpi4py import MPI
 
         from psrt.collectives import Communicator
+        from psrt.collectives.layout import require_mpi_comm
 
-        parent = getattr(self.comm, "comm", self.comm)
+        parent = require_mpi_comm(self.comm, "Grid")
         check_degrees(self.dp, self.pp, self.tp, parent.Get_size())
         self.cart_comm = parent.Create_cart([self.pp, self.dp, self.tp],
                                             periods=[False, False, False], reorder=False)
@@ -107,7 +112,8 @@ class Grid:
     def build(cls, comm, pp: int = 1, tp: int = 1, dp: int | None = None,
               algorithm: str = "auto") -> "Grid":
         """A grid over `comm` with dp inferred (world size / (pp * tp)) when not given."""
-        size = getattr(comm, "comm", comm).Get_size()
+        from psrt.collectives.layout import require_mpi_comm
+        size = require_mpi_comm(comm, "Grid.build").Get_size()
         if dp is None:
             if pp < 1 or tp < 1 or size % (pp * tp):
                 raise PsrtError(f"process grid pp={pp} x tp={tp} does not divide {size} ranks: "

@@ -13,12 +13,12 @@ are staged through pinned host buffers.
 from __future__ import annotations
 
 import functools
-import os
 import subprocess
 
 import numpy as np
 import torch
 
+from psrt import env
 from psrt.errors import PsrtError
 
 # dtype -> the MPI datatype the MPI library reduces it as (None: MPI has no such type, so
@@ -138,12 +138,8 @@ def cuda_aware() -> bool:
     PSRT_CUDA_AWARE=1/0 decides if set; otherwise ask the library (MPIX_Query_cuda_support
     through mpi4py where available, else Open MPI's build flag via ompi_info).
     """
-    forced = os.environ.get("PSRT_CUDA_AWARE")
-    if forced is not None:
-        if forced not in ("0", "1"):
-            raise PsrtError(f"PSRT_CUDA_AWARE must be 0 or 1, got {forced!r}")
-        return forced == "1"
-    return _library_cuda_aware()
+    forced = env.cuda_aware()
+    return _library_cuda_aware() if forced is None else forced
 
 
 @functools.lru_cache(maxsize=1)

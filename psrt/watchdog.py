@@ -5,36 +5,22 @@ every other rank on a communicator of its own: the collective call it is in (and
 long) or the last one it finished, and the training step.  A rank's heartbeats keep
 flowing while its main thread waits inside MPI (mpi4py releases the GIL there), so a stuck
 rank 0 is seen like any other.  When some rank has waited in one collective for longer than
-`timeout`, or a rank has not been heard from for that long, the lowest-numbered rank still
+`timeout_s`, or a rank has not been heard from for that long, the lowest-numbered rank still
 heard from prints one report naming every rank's position and aborts the job (MPI_Abort),
 so mpirun exits non-zero on every host.
 
-The timeout comes from the argument, else PSRT_TIMEOUT (seconds), else 300 s.
+The timeout comes from the argument, else PSRT_TIMEOUT (seconds), else 300 s (psrt.env).
 """
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
 
-from psrt.errors import PsrtError
+from psrt import env
+from psrt.errors import PsrtError, abort
 
 TAG = 7717
-DEFAULT_TIMEOUT_S = 300.0
-
-
-def timeout_from_env(default: float = DEFAULT_TIMEOUT_S) -> float:
-    text = os.environ.get("PSRT_TIMEOUT")
-    if text is None:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise PsrtError(f"PSRT_TIMEOUT={text!r}: expected a positive number of seconds", everywhere=True)
-    return value
 
 
 class Watchdog:
@@ -42,22 +28,23 @@ class Watchdog:
 
     Args:
         world: the `World` (its comm is Dup'ed for heartbeats).
-        comms: Communicators whose `state` (call number, name, start) is watched; more can be
+        groups: psrt Communicators whose `state` (call number, name, start) is watched; more can be
             added with `watch()`.
-        timeout: seconds a collective may wait, or a rank may stay silent, before the job ends.
+        timeout_s: seconds a collective may wait, or a rank may stay silent, before the job
+            ends (default PSRT_TIMEOUT).
         interval: seconds between heartbeats.
         on_stall: called with the report instead of aborting (for tests and embedding).
     """
 
-    def __init__(self, world, comms=(), timeout: float | None = None, interval: float = 2.0,
+    def __init__(self, world, groups=(), timeout_s: float | None = None, interval: float = 2.0,
                  on_stall=None):
         self.world = world
-        self.timeout = timeout if timeout is not None else timeout_from_env()
-        if self.timeout <= 0:
-            raise PsrtError(f"watchdog timeout must be positive, got {self.timeout}", everywhere=True)
-        self.interval = min(interval, self.timeout / 4)
+        self.timeout_s = env.timeout_s() if timeout_s is None else timeout_s
+        if not self.timeout_s > 0:
+            raise PsrtError(f"watchdog timeout_s must be positive, got {self.timeout_s}", everywhere=True)
+        self.interval = min(interval, self.timeout_s / 4)
         self.on_stall = on_stall
-        self._comms = list(comms)
+        self._groups = list(groups)
         self._step = 0
         self._comm = world.comm.Dup()
         self._stop = threading.Event()
@@ -67,8 +54,8 @@ class Watchdog:
         self.report: str | None = None
 
     # ------------------------------------------------------------ user side
-    def watch(self, comm) -> None:
-        self._comms.append(comm)
+    def watch(self, group) -> None:
+        self._groups.append(group)
 
     def step(self, step: int) -> None:
         """Mark the training step this rank is on (shown in reports)."""
@@ -101,11 +88,11 @@ class Watchdog:
     def _state(self) -> dict:
         """This rank's position: the longest-running call in progress, else the latest one."""
         now = time.monotonic()
-        busy = [(c.state, c) for c in self._comms if c.state[2] is not None]
+        busy = [(c.state, c) for c in self._groups if c.state[2] is not None]
         if busy:
             (seq, name, start), _ = min(busy, key=lambda b: b[0][2])
             return {"call": seq, "name": name, "waiting": now - start, "step": self._step}
-        latest = max((c.state for c in self._comms), default=(0, "", None))
+        latest = max((c.state for c in self._groups), default=(0, "", None))
         return {"call": latest[0], "name": latest[1], "waiting": None, "step": self._step}
 
     def _drain(self) -> None:
@@ -134,16 +121,15 @@ class Watchdog:
                     self.on_stall(report)
                     return
                 print(report, file=sys.stderr, flush=True)
-                from mpi4py import MPI
-                MPI.COMM_WORLD.Abort(3)
+                abort(3)
                 return
 
     def _check(self, me: int, n: int, started: float) -> str | None:
         now = time.monotonic()
         silent = [r for r in range(n)
-                  if now - self._heard.get(r, (started, None))[0] > self.timeout]
+                  if now - self._heard.get(r, (started, None))[0] > self.timeout_s]
         stalled = [r for r, (_, s) in self._heard.items()
-                   if s and s["waiting"] is not None and s["waiting"] > self.timeout]
+                   if s and s["waiting"] is not None and s["waiting"] > self.timeout_s]
         if not silent and not stalled:
             return None
         alive = [r for r in range(n) if r not in silent]
@@ -153,7 +139,7 @@ class Watchdog:
 
     def _format(self, n: int, now: float, silent: list[int], stalled: list[int]) -> str:
         front = max((self._heard[r][1]["call"] for r in stalled), default=0)
-        lines = [f"psrt: watchdog: no progress for {self.timeout:g} s (PSRT_TIMEOUT); aborting the job"]
+        lines = [f"psrt: watchdog: no progress for {self.timeout_s:g} s (PSRT_TIMEOUT); aborting the job"]
         for r in range(n):
             seen, s = self._heard.get(r, (None, None))
             if r in silent or s is None:

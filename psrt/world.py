@@ -12,6 +12,7 @@ import sys
 import zlib
 from dataclasses import dataclass, field
 
+from psrt import env
 from psrt.errors import PsrtError
 
 
@@ -80,18 +81,6 @@ def detect_launcher(env=os.environ) -> str:
     return "single"
 
 
-def _check_env(env=os.environ) -> None:
-    """Refuse malformed PSRT_* settings at start-up, not when they are first used."""
-    aware = env.get("PSRT_CUDA_AWARE")
-    if aware is not None and aware not in ("0", "1"):
-        raise PsrtError(f"PSRT_CUDA_AWARE must be 0 or 1, got {aware!r}", everywhere=True)
-    segment = env.get("PSRT_RING_SEGMENT")
-    if segment is not None and not (segment.isdigit() and int(segment) >= 1):
-        raise PsrtError(f"PSRT_RING_SEGMENT={segment!r}: expected a positive number of bytes", everywhere=True)
-    check = env.get("PSRT_CHECK")
-    if check is not None and check not in ("all", "cheap", "off"):
-        raise PsrtError(f"PSRT_CHECK={check!r}: expected all, cheap or off", everywhere=True)
-
 
 def _env_world_size(env=os.environ) -> int | None:
     """World size the launcher announced, if any (used to catch a mismatched MPI)."""
@@ -134,7 +123,7 @@ def init(comm=None, export_env: bool = True) -> World:
     if sys.excepthook is sys.__excepthook__:   # leave a hook the program installed alone
         from psrt import faults
         faults.install()   # an exception on one rank ends the job instead of hanging it
-    _check_env()
+    env.check_all()
     parent = MPI.COMM_WORLD if comm is None else comm
     launcher = detect_launcher()
     announced = _env_world_size()
@@ -169,8 +158,8 @@ def _free_port(host: str) -> int:
 
 def _host_address(world: World) -> str:
     """An address of rank 0 that the other ranks can reach."""
-    if "PSRT_MASTER_ADDR" in os.environ:
-        return os.environ["PSRT_MASTER_ADDR"]
+    if env.master_addr():
+        return env.master_addr()
     if world.num_nodes == 1:
         return "127.0.0.1"
     try:
@@ -206,10 +195,24 @@ def export_torch_env(world: World) -> dict:
     return values
 
 
-def init_torch_distributed(world: World, backend: str | None = None, timeout_s: float = 300.0):
+def init_torch_distributed(world: World, backend: str | None = None, timeout_s: float | None = None):
     """Join torch.distributed using the world's rendezvous (gloo on CPU, nccl when CUDA).
 
     Returns the default process group.  Safe to call twice.
+    """
+    if "MASTER_PORT" not in os.environ:
+        export_torch_env(world)
+    return join_torch_distributed(world.rank, world.size, backend, timeout_s)
+
+
+def join_torch_distributed(rank: int, size: int, backend: str | None = None,
+                           timeout_s: float | None = None):
+    """The one way psrt joins torch.distributed: env:// with the MASTER_ADDR/MASTER_PORT that
+    psrt.init() exported (or torchrun set).  Returns the default group; joins only once.
+
+    Args:
+        backend: 'gloo', 'nccl' or None (nccl when CUDA is available, else gloo).
+        timeout_s: how long a torch.distributed call may wait (default: PSRT_TIMEOUT).
     """
     import datetime
 
@@ -218,11 +221,13 @@ def init_torch_distributed(world: World, backend: str | None = None, timeout_s: 
 
     if dist.is_initialized():
         return dist.group.WORLD
-    if "MASTER_PORT" not in os.environ:
-        export_torch_env(world)
+    if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+        raise PsrtError("joining torch.distributed needs MASTER_ADDR/MASTER_PORT: call psrt.init() "
+                        "(which exports them) or psrt.init_torch_distributed(world) first")
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl":
-        torch.cuda.set_device(world.local_rank % torch.cuda.device_count())
-    dist.init_process_group(backend=backend, init_method="env://", rank=world.rank,
-                            world_size=world.size, timeout=datetime.timedelta(seconds=timeout_s))
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+    timeout_s = env.timeout_s() if timeout_s is None else timeout_s
+    dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
     return dist.group.WORLD

@@ -65,29 +65,29 @@ def size_sweep(lo: int, hi: int, step: int = 2) -> list[int]:
     return out
 
 
-def _call(comm: Communicator, collective: str, algorithm: str, x: torch.Tensor, out: torch.Tensor):
+def _call(group: Communicator, collective: str, algorithm: str, x: torch.Tensor, out: torch.Tensor):
     if algorithm == RAW:
         from mpi4py import MPI
 
         from psrt.transport import np_view
-        comm.comm.Allreduce(np_view(x), np_view(out), MPI.SUM)
+        group.comm.Allreduce(np_view(x), np_view(out), MPI.SUM)
         return out
     if algorithm == HOROVOD:
         import horovod.torch as hvd
         # Out of place, as users call it: horovod allocates the result tensor itself.
         return hvd.allreduce(x, op=hvd.Sum, name="psrt.bench.allreduce")
     if collective == "allreduce":
-        return comm.allreduce(x, out=out, algorithm=algorithm)
+        return group.allreduce(x, out=out, algorithm=algorithm)
     if collective == "reduce_scatter":
-        return comm.reduce_scatter(x, algorithm=algorithm)
+        return group.reduce_scatter(x, algorithm=algorithm)
     if collective == "allgather":
-        return comm.allgather(x, out=out, algorithm=algorithm)
+        return group.allgather(x, out=out, algorithm=algorithm)
     if collective == "broadcast":
-        return comm.broadcast(x, root=0, algorithm=algorithm)
-    return comm.reduce(x, root=0, algorithm=algorithm)
+        return group.broadcast(x, root=0, algorithm=algorithm)
+    return group.reduce(x, root=0, algorithm=algorithm)
 
 
-def _wrong(comm: Communicator, collective: str, result, n: int) -> int:
+def _wrong(group: Communicator, collective: str, result, n: int) -> int:
     """Elements that differ from the expected value (inputs are rank+1 everywhere)."""
     if result is None:
         return 0
@@ -100,12 +100,12 @@ def _wrong(comm: Communicator, collective: str, result, n: int) -> int:
     return int((result != want).sum())
 
 
-def measure(comm: Communicator, collective: str, algorithms: list[str], nbytes: int,
+def measure(group: Communicator, collective: str, algorithms: list[str], nbytes: int,
             dtype: torch.dtype = torch.float32, warmup: int = 3, repeats: int = 5,
             min_time_s: float = 0.02) -> list[Point]:
     """Time every algorithm at one size.  Repeats are interleaved (A B C, A B C, ...) so a
     change in machine load during the run hits all algorithms alike and the ratios hold."""
-    n, rank = comm.size, comm.rank
+    n, rank = group.size, group.rank
     esize = torch.empty(0, dtype=dtype).element_size()
     numel = max(nbytes // esize, 1)
     if collective == "allgather":
@@ -116,23 +116,23 @@ def measure(comm: Communicator, collective: str, algorithms: list[str], nbytes: 
     wrong, iters = {}, {}
     for algo in algorithms:
         x.copy_(fresh)
-        wrong[algo] = comm.comm.allreduce(_wrong(comm, collective, _call(comm, collective, algo, x, out), n))
+        wrong[algo] = group.comm.allreduce(_wrong(group, collective, _call(group, collective, algo, x, out), n))
         x.copy_(fresh)
         for _ in range(warmup):
-            _call(comm, collective, algo, x, out)
+            _call(group, collective, algo, x, out)
         # Iterations so one timed loop lasts about min_time_s (rank 0 decides for all).
         t0 = time.perf_counter()
-        _call(comm, collective, algo, x, out)
-        iters[algo] = comm.comm.bcast(max(1, min(1000, int(min_time_s / max(time.perf_counter() - t0, 1e-7)))), root=0)
+        _call(group, collective, algo, x, out)
+        iters[algo] = group.comm.bcast(max(1, min(1000, int(min_time_s / max(time.perf_counter() - t0, 1e-7)))), root=0)
     slow = {a: [] for a in algorithms}
     fast = {a: [] for a in algorithms}
     for _ in range(repeats):
         for algo in algorithms:
-            comm.comm.Barrier()
+            group.comm.Barrier()
             t0 = time.perf_counter()
             for _ in range(iters[algo]):
-                _call(comm, collective, algo, x, out)
-            times = comm.comm.allgather((time.perf_counter() - t0) / iters[algo])
+                _call(group, collective, algo, x, out)
+            times = group.comm.allgather((time.perf_counter() - t0) / iters[algo])
             slow[algo].append(max(times))
             fast[algo].append(min(times))
     total = numel * esize * (n if collective == "allgather" else 1)
@@ -217,7 +217,7 @@ def command(args) -> int:
     check(args)
     import psrt
     from psrt.bench import report
-    from psrt.train.report import Progress
+    from psrt.train.report import Progress, fmt_bytes
 
     world = psrt.init()
     sizes = sizes_from(args)
@@ -227,7 +227,7 @@ def command(args) -> int:
     if wanted is None or "torch" in wanted:
         psrt.init_torch_distributed(world)
         torch_ready = True
-    comm = psrt.Communicator(world)
+    group = psrt.Communicator(world.comm)
     # Horovod's background thread runs an MPI negotiation every cycle, even when idle, which
     # slows every other algorithm measured beside it: Horovod is timed in a phase of its own,
     # after the others, and shut down.
@@ -240,23 +240,23 @@ def command(args) -> int:
     for i, (algos, coll, size) in enumerate(plan, 1):
         if algos == [HOROVOD] and hvd is None:
             from psrt.dp.horovod import init_horovod
-            hvd = init_horovod(comm)
-        points += measure(comm, coll, algorithms_for(coll, algos, torch_ready), size, dtype,
+            hvd = init_horovod(group)
+        points += measure(group, coll, algorithms_for(coll, algos, torch_ready), size, dtype,
                              warmup=args.warmup, repeats=args.repeats)
-        progress.update(i, f"{coll} {report.fmt_bytes(size)}")
+        progress.update(i, f"{coll} {fmt_bytes(size)}")
     if hvd is not None:
         hvd.shutdown()
     # one table block per algorithm reads best: sort by collective, algorithm order, size
     order = {a: i for i, a in enumerate(dict.fromkeys(p.algorithm for p in points))}
     rows = [p.row() for p in sorted(points, key=lambda p: (p.collective, order[p.algorithm], p.nbytes))]
     if world.rank != 0:
-        comm.close()
+        group.close()
         return 0
     native = {(r["collective"], r["nbytes"]): r["time_us"] for r in rows if r["algorithm"] == "native"}
     for r in rows:
         base = native.get((r["collective"], r["nbytes"]))
         r["vs_native"] = base / r["time_us"] if base else None   # >1: faster than the MPI library
-        r["size"] = report.fmt_bytes(r["nbytes"])
+        r["size"] = fmt_bytes(r["nbytes"])
     wrong = sum(r["wrong"] for r in rows)
     if not args.quiet:
         print(f"# psrt collectives: N={world.size} ranks on {world.num_nodes} host(s), dtype {args.dtype}; "
@@ -277,5 +277,5 @@ def command(args) -> int:
     if args.plot:
         report.plot_busbw([r for r in rows if r["collective"] == args.collective.split(",")[0]], args.plot,
                           f"{args.collective.split(',')[0]}, N={world.size}, {args.dtype}")
-    comm.close()
+    group.close()
     return 1 if wrong else 0

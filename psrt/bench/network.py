@@ -17,8 +17,7 @@ from dataclasses import dataclass
 
 from psrt.bench import jobs
 from psrt.collectives import cost as alpha_beta
-from psrt.bench.report import fmt_bytes
-from psrt.train.report import Progress
+from psrt.train.report import Progress, fmt_bytes
 
 ALGORITHMS = ("ps", "ring", "native")
 SUBNET = "198.18.7.0/24"
@@ -267,8 +266,8 @@ def check(args) -> None:
 
 
 def command(args) -> int:
-    check(args)
     """PS vs ring on emulated hosts with shaped links, measured and predicted (root)."""
+    check(args)
     from psrt.bench import report
     if args.quick:
         quicken(args)

@@ -72,12 +72,13 @@ def check(args) -> None:
 
 
 def command(args) -> int:
-    check(args)
     """Ping-pong between the first and the last rank; prints and writes T(m) and the fit."""
+    check(args)
     import psrt
     from psrt.bench import report
     from psrt.bench.collectives import sizes_from
     from psrt.collectives import cost
+    from psrt.train.report import fmt_bytes
 
     world = psrt.init()
     if world.size < 2:
@@ -91,7 +92,7 @@ def command(args) -> int:
         model = None
     if not args.quiet:
         print(f"# ping-pong, rank 0 ({world.hostname}) <-> rank {world.size - 1}: one-way time, median")
-        report.table([dict(p, size=report.fmt_bytes(p["nbytes"]), us=p["one_way_s"] * 1e6,
+        report.table([dict(p, size=fmt_bytes(p["nbytes"]), us=p["one_way_s"] * 1e6,
                            mbs=p["nbytes"] / p["one_way_s"] / 1e6) for p in points],
                      [("size", "size", ""), ("us", "one-way(us)", ".1f"), ("mbs", "MB/s", ".1f")])
         if model:

@@ -23,7 +23,7 @@ import time
 import torch
 from torch import nn
 
-from psrt.pp import PipelineRuntime, build_stages, make
+from psrt.pp import PipelineRuntime, build_stages, make_schedule
 
 
 class _Sleep(torch.autograd.Function):
@@ -57,7 +57,7 @@ def bubble(comm, schedules=(("gpipe", 1), ("1f1b", 1), ("interleaved", 2)), micr
     rows = []
     for name, v in schedules:
         for m in microbatches:
-            sched = make(name, p, m, v)
+            sched = make_schedule(name, p, m, v)
             stages = {s: SleepStage(t_f / v, 2 * t_f / v) for s in sched.stages_of(comm.Get_rank())}
             rt = PipelineRuntime(stages, sched, comm, lambda y, t: (y * t).sum(), timeout_s=60)
             x = [torch.ones(4, requires_grad=True) for _ in range(m)]
@@ -83,7 +83,7 @@ def activation_memory(comm, m: int = 8, rows: int = 32, width: int = 256) -> lis
     out = []
     for name in ("gpipe", "1f1b"):
         blocks = [nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(p)]
-        sched = make(name, p, m)
+        sched = make_schedule(name, p, m)
         stages = build_stages(blocks, p, sched.stages_of(r))
         rt = PipelineRuntime(stages, sched, comm, lambda y, t: ((y - t) ** 2).mean(), timeout_s=60)
         xs = [torch.randn(rows, width) for _ in range(m)]

@@ -6,41 +6,18 @@ import json
 import sys
 from pathlib import Path
 
-
-def fmt_bytes(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            v = n / size
-            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.1f} {unit}"
-    return f"{n} B"
-
-
-def _cells(rows: list[dict], columns: list[tuple]) -> list[list[str]]:
-    """Header and formatted cells; columns are (key, header, format spec[, scale]), and a
-    missing value is '-'."""
-    columns = [tuple(c) + (1,) * (4 - len(c)) for c in columns]
-    return [[c[1] for c in columns]] + [
-        [("-" if r.get(k) is None else format(r[k] * scale, f) if f else str(r[k])) for k, _, f, scale in columns]
-        for r in rows]
+from psrt.train.report import format_table
 
 
 def table(rows: list[dict], columns: list[tuple], out=sys.stdout) -> None:
-    """Print rows as an aligned table; columns are (key, header, format spec[, scale])."""
-    cells = _cells(rows, columns)
-    widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
-    for i, line in enumerate(cells):
-        print("  ".join(c.rjust(w) for c, w in zip(line, widths)), file=out)
-        if i == 0:
-            print("  ".join("-" * w for w in widths), file=out)
+    """Print rows as an aligned table (psrt.train.report.format_table)."""
+    print(format_table(rows, columns), file=out)
     out.flush()
 
 
 def md_table(rows: list[dict], columns: list[tuple]) -> str:
     """The same as a Markdown table."""
-    cells = _cells(rows, columns)
-    lines = ["| " + " | ".join(cells[0]) + " |", "|" + "---|" * len(cells[0])]
-    lines += ["| " + " | ".join(line) + " |" for line in cells[1:]]
-    return "\n".join(lines) + "\n"
+    return format_table(rows, columns, markdown=True)
 
 
 def write_json(path, payload) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from psrt.bench import jobs, report, training
 from psrt.errors import PsrtError
+from psrt.train.report import fmt_bytes
 
 PARTS = ("collectives", "training", "network")
 COLLECTIVE_ALGORITHMS = ("ps", "ring", "halving-doubling", "tree", "native", "torch", "horovod")
@@ -182,7 +183,7 @@ def collectives_section(rows: list[dict], nps: list[int]) -> str:
         algos = list(dict.fromkeys(r["algorithm"] for r in sel))
         sizes = sorted({r["nbytes"] for r in sel})
         at = {(r["algorithm"], r["nbytes"]): r for r in sel}
-        table_rows = [dict({"size": report.fmt_bytes(s)},
+        table_rows = [dict({"size": fmt_bytes(s)},
                            **{a: at[(a, s)]["busbw_gbs"] for a in algos if (a, s) in at}) for s in sizes]
         text.append(f"### N = {n}\n\n![busbw, N={n}](allreduce_np{n}.png)\n")
         text.append(report.md_table(table_rows, [("size", "size", "")] + [(a, a, ".3f") for a in algos]))

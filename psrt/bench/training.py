@@ -22,6 +22,7 @@ import time
 import torch
 
 from psrt.dp.base import DataParallel, StepStats
+from psrt.dp.common import flatten
 
 DEFAULT_STRATEGIES = ("ps", "ps-sharded", "ring", "native", "torch", "torch-ddp", "horovod")
 PEER = "torch-ddp"
@@ -32,12 +33,12 @@ class TorchDDPPeer(DataParallel):
 
     name = PEER
 
-    def __init__(self, model, make_optimizer, comm, **options):
-        super().__init__(model, make_optimizer, comm, **options)
+    def __init__(self, model, make_optimizer, group, **options):
+        super().__init__(model, make_optimizer, group, **options)
         from torch.nn.parallel import DistributedDataParallel
 
-        from psrt.dp.ddp import ensure_torch_distributed
-        ensure_torch_distributed(comm, model)
+        from psrt.dp.common import join_torch
+        join_torch(group, model)
         self.ddp = DistributedDataParallel(model)
         self.optimizer = make_optimizer(model.parameters())
 
@@ -56,12 +57,15 @@ class TorchDDPPeer(DataParallel):
         return StepStats(loss=total / n, compute_s=time.perf_counter() - start)
 
 
-def make_strategy(name: str, model, make_optimizer, comm, bucket_mb: float | None = None):
+def make_strategy(name: str, model, make_optimizer, group, bucket_mb: float | None = None):
     if name == PEER:
-        return TorchDDPPeer(model, make_optimizer, comm)
+        return TorchDDPPeer(model, make_optimizer, group)
     from psrt.dp import strategy_class
-    options = {} if bucket_mb is None else {"bucket_mb": bucket_mb}
-    return strategy_class(name)(model, make_optimizer, comm, **options)
+    from psrt.dp.base import option_names
+    cls = strategy_class(name)
+    # --bucket-mb is for the bucketed strategies; the others would refuse it
+    options = {"bucket_mb": bucket_mb} if bucket_mb is not None and "bucket_mb" in option_names(cls) else {}
+    return cls(model, make_optimizer, group, **options)
 
 
 def available(names: list[str]) -> list[str]:
@@ -98,21 +102,21 @@ def measure(world, names: list[str], model_name: str = "mlp", width: int = 1024,
     # in the same processes), so the MPI strategies run first, then the torch.distributed
     # ones (gloo started only then), then Horovod.
     on_gloo = ("torch", PEER)
-    groups = [[n for n in names if n not in on_gloo + ("horovod",)], [n for n in names if n in on_gloo],
+    phases = [[n for n in names if n not in on_gloo + ("horovod",)], [n for n in names if n in on_gloo],
               [n for n in names if n == "horovod"]]
     times, fastest, params = {}, {}, {}
     done = 0
-    for group in (g_ for g_ in groups if g_):
-        if group[0] in on_gloo:
+    for phase in (p for p in phases if p):
+        if phase[0] in on_gloo:
             psrt.init_torch_distributed(world)
-        strategies, comms = {}, []
-        for name in group:
-            comm = psrt.Communicator(world.comm, algorithm="auto")
-            comms.append(comm)
+        strategies, groups = {}, []
+        for name in phase:
+            group = psrt.Communicator(world.comm, algorithm="auto")
+            groups.append(group)
             torch.manual_seed(0)
             model = build_model(model_name, dataset, width, layers)
             strategies[name] = make_strategy(name, model, lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9),
-                                             comm, bucket_mb)
+                                             group, bucket_mb)
             times[name], fastest[name] = [], []
         for r in range(rounds + 1):           # round 0 warms up (buffers, buckets, threads)
             for name, s in strategies.items():
@@ -133,9 +137,9 @@ def measure(world, names: list[str], model_name: str = "mlp", width: int = 1024,
                     progress.update(done, name)
         for name, s in strategies.items():
             s.finish()
-            params[name] = torch.cat([p.detach().reshape(-1) for p in s.model.parameters()])
-        for c in comms:
-            c.close()
+            params[name] = flatten(list(s.model.parameters()))
+        for group in groups:
+            group.close()
         if "horovod" in strategies:
             strategies["horovod"].hvd.shutdown()
     ctl.Free()
@@ -199,8 +203,8 @@ def check(args) -> None:
 
 
 def command(args) -> int:
-    check(args)
     """Step time of every strategy on one model, in one job (run under mpirun)."""
+    check(args)
     import psrt
     from psrt.bench import report
     from psrt.train.report import Progress

@@ -31,8 +31,8 @@ def check(args) -> None:
 
 
 def command(args) -> int:
-    check(args)
     """Measure every algorithm at each world size and write the crossover table for 'auto'."""
+    check(args)
     from psrt.bench import jobs
     from psrt.collectives.tuning import Tuning
 

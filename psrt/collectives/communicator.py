@@ -10,14 +10,14 @@ and non-blocking calls (see executor).
 from __future__ import annotations
 
 import math
-import os
 import time
 
 import torch
 
+from psrt import env
 from psrt.collectives import native, ps, recursive, ring, torch_backend, tree
 from psrt.collectives.executor import Executor, Handle
-from psrt.collectives.layout import even_counts, offsets
+from psrt.collectives.layout import even_counts, offsets, require_mpi_comm
 from psrt.collectives.tuning import Tuning
 from psrt.errors import CollectiveMismatch, PsrtError
 from psrt.transport import Staging, check_dtype, check_op
@@ -57,8 +57,7 @@ class Communicator:
     """Collectives over torch tensors on one MPI communicator.
 
     Args:
-        comm: an mpi4py communicator (psrt uses it as given; pass `world.comm`, a private Dup)
-            or a `psrt.World`.
+        comm: an mpi4py communicator (psrt uses it as given; pass `world.comm`, a private Dup).
         algorithm: default algorithm for every collective ('auto' picks by message size and
             world size from a measured table).  A collective the chosen algorithm does not
             implement uses 'auto'; an algorithm named in a call must implement it.
@@ -76,11 +75,9 @@ class Communicator:
     thread may read it to say which rank is stuck where.
     """
 
-    CHECK_MODES = ("all", "cheap", "off")
-
     def __init__(self, comm, algorithm: str = "auto", tuning: Tuning | None = None,
                  torch_group=None, check: str | None = None):
-        self.comm = getattr(comm, "comm", comm)
+        self.comm = require_mpi_comm(comm, "Communicator")
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         if algorithm not in ALL_ALGORITHMS:
@@ -92,10 +89,10 @@ class Communicator:
         self._staging = Staging()
         self._executor = Executor()
         self._auto: dict = {}   # (collective, nbytes) -> algorithm picked by 'auto'
-        self.check = check or os.environ.get("PSRT_CHECK", "cheap")
-        if self.check not in self.CHECK_MODES:
-            raise PsrtError(f"check mode {self.check!r} (PSRT_CHECK?) must be one of "
-                            f"{', '.join(self.CHECK_MODES)}", everywhere=True)
+        self.check = check or env.check_mode()
+        if self.check not in env.CHECK_MODES:
+            raise PsrtError(f"check={self.check!r}: must be one of {', '.join(env.CHECK_MODES)}",
+                            everywhere=True)
         # Fingerprints and shape exchanges travel on their own communicator, so they never
         # interleave with the data of a collective still running on the worker thread.
         self._meta = self.comm.Dup()

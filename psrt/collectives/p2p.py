@@ -6,8 +6,12 @@ code serves CPU tensors, CUDA tensors on a CUDA-aware MPI, and 16-bit floats MPI
 """
 from __future__ import annotations
 
+import time
+from typing import Callable
+
 import torch
 
+from psrt.errors import PsrtError
 from psrt.transport import msg
 
 # One tag per algorithm keeps a mistaken mix of two algorithms from matching silently.
@@ -29,3 +33,28 @@ def recv(comm, t: torch.Tensor, source: int, tag: int) -> None:
 def scratch(buf: torch.Tensor, n: int) -> torch.Tensor:
     """A receive buffer of n elements like buf (same dtype and device)."""
     return torch.empty(n, dtype=buf.dtype, device=buf.device)
+
+
+# Waiting with a deadline: spin first (a reply often lands within microseconds), then sleep
+# with a doubling pause of at most 1 ms, so that on a shared or oversubscribed CPU a waiting
+# rank gives its core to the neighbour it is waiting for.
+SPINS = 200
+FIRST_PAUSE_S, MAX_PAUSE_S = 2e-6, 1e-3
+
+
+def poll(ready: Callable[[], object], timeout_s: float, fail: Callable[[], str]):
+    """Call `ready()` until it returns something true and return that; after `timeout_s`
+    raise PsrtError(fail()) instead of waiting for ever.  The one wait loop of psrt's
+    point-to-point protocols (parameter server, pipeline)."""
+    deadline = time.monotonic() + timeout_s
+    spins, pause = 0, FIRST_PAUSE_S
+    while True:
+        result = ready()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise PsrtError(fail())
+        spins += 1
+        if spins > SPINS:
+            time.sleep(pause)
+            pause = min(MAX_PAUSE_S, pause * 2)

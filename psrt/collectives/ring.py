@@ -12,29 +12,17 @@ works on a cache-sized piece instead of streaming the whole chunk through memory
 """
 from __future__ import annotations
 
-import os
-
 import torch
 from mpi4py import MPI
 
+from psrt import env
 from psrt.collectives.layout import offsets
 from psrt.collectives.p2p import TAG_RING, scratch
-from psrt.errors import PsrtError
 from psrt.transport import msg, reduce_into
 
-# Segment size.  Over shared memory and TCP, Open MPI progresses transfers only inside MPI
-# calls, so small segments buy little overlap and cost per-message overhead: 4 MiB measured
-# best here (64 KiB to 1 GiB swept at N=2).  PSRT_RING_SEGMENT (bytes) overrides.
-DEFAULT_SEGMENT_BYTES = 1 << 22
-
-
-def segment_bytes() -> int:
-    text = os.environ.get("PSRT_RING_SEGMENT")
-    if text is None:
-        return DEFAULT_SEGMENT_BYTES
-    if not text.isdigit() or int(text) < 1:
-        raise PsrtError(f"PSRT_RING_SEGMENT={text!r}: expected a positive number of bytes", everywhere=True)
-    return int(text)
+# Segment size (PSRT_RING_SEGMENT, default 4 MiB).  Over shared memory and TCP, Open MPI
+# progresses transfers only inside MPI calls, so small segments buy little overlap and cost
+# per-message overhead: 4 MiB measured best here (64 KiB to 1 GiB swept at N=2).
 
 
 def _segments(start: int, stop: int, seg: int):
@@ -57,7 +45,7 @@ def reduce_scatter(comm, buf: torch.Tensor, counts: list[int], op: str,
         return
     off = offsets(counts)
     right, left = (r + 1) % n, (r - 1) % n
-    seg = max(1, (segment or segment_bytes()) // buf.element_size())
+    seg = max(1, (segment or env.ring_segment_bytes()) // buf.element_size())
     tmp = scratch(buf, min(max(counts), seg * 64) if max(counts) else 0)
     for step in range(n - 1):
         send_c, recv_c = (r - step - 1) % n, (r - step - 2) % n

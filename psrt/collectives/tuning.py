@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from psrt import env
 from psrt.errors import PsrtError
 
 SHIPPED = Path(__file__).with_name("tuning.json")
@@ -23,7 +24,7 @@ class Tuning:
 
     @classmethod
     def load(cls, path: str | os.PathLike | None = None) -> "Tuning":
-        path = path or os.environ.get("PSRT_TUNING") or (SHIPPED if SHIPPED.exists() else None)
+        path = path or env.tuning_path() or (SHIPPED if SHIPPED.exists() else None)
         if path is None:
             return cls()
         try:

@@ -13,10 +13,14 @@ Each rank's loss is the mean over its own samples, so gradients are averaged ove
 from __future__ import annotations
 
 import abc
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import torch
+
+from psrt.dp.common import optimizer_state_bytes
+from psrt.errors import make_options
 
 
 @dataclass
@@ -34,6 +38,16 @@ class StepStats:
     extra: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class NoOptions:
+    """A strategy without options."""
+
+
+def option_names(strategy_cls) -> tuple[str, ...]:
+    """The keyword options a strategy class accepts."""
+    return tuple(f.name for f in dataclasses.fields(strategy_cls.Options))
+
+
 class DataParallel(abc.ABC):
     """Base class of the `--dp` strategies.
 
@@ -41,24 +55,26 @@ class DataParallel(abc.ABC):
         model: the replica on this rank (identical architecture on every rank).
         make_optimizer: `params -> torch.optim.Optimizer`; strategies that shard the
             optimizer (ps-sharded, zero) call it on their shard only.
-        comm: a `psrt.Communicator` over the data-parallel ranks.
+        group: a `psrt.Communicator` over the data-parallel ranks.
 
-    Options a strategy does not use are ignored, so the training loop can pass every
-    strategy option (bucket_mb, compress, overlap, algorithm, servers, staleness) to any.
+    Keyword options are the fields of the class's `Options` dataclass (validated there); an
+    option the strategy does not know is a one-line PsrtError naming what it accepts, never
+    silently ignored.  `self.options` holds them, typed.
     """
 
     name = "base"
     is_worker = True               # False on a dedicated parameter-server rank
+    Options = NoOptions
 
     @property
     def num_workers(self) -> int:
         """How many ranks train (call `step`); the global batch is split over these."""
-        return self.comm.size
+        return self.group.size
 
     @property
     def worker_rank(self) -> int:
         """This rank's index among the workers (0..num_workers-1); -1 on a server."""
-        return self.comm.rank if self.is_worker else -1
+        return self.group.rank if self.is_worker else -1
 
     def optimizer_state_bytes(self) -> int:
         """Bytes of optimizer-state tensors held by this rank (momentum, Adam moments...)."""
@@ -66,11 +82,11 @@ class DataParallel(abc.ABC):
         return optimizer_state_bytes(opt) if opt is not None else 0
 
     def __init__(self, model: torch.nn.Module, make_optimizer: Callable[[Iterable], torch.optim.Optimizer],
-                 comm, **options):
+                 group, **options):
         self.model = model
         self.make_optimizer = make_optimizer
-        self.comm = comm
-        self.options = options
+        self.group = group
+        self.options = make_options(self.Options, options, f"--dp {self.name}")
 
     @abc.abstractmethod
     def step(self, loss_fn: Callable[[object], torch.Tensor], microbatches: list) -> StepStats:
@@ -91,12 +107,6 @@ class DataParallel(abc.ABC):
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
-
-
-def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of every tensor in `optimizer.state` (what sharding the optimizer divides)."""
-    return sum(v.numel() * v.element_size() for state in optimizer.state.values()
-               for v in state.values() if torch.is_tensor(v))
 
 
 def wire_bytes(collective: str, algorithm: str, nbytes: int, size: int, rank: int) -> int:

@@ -18,15 +18,14 @@ interchangeable behind one signature, `reducer(flat) -> waitable`, leaving the a
 from __future__ import annotations
 
 import contextlib
-import os
 import time
+from dataclasses import dataclass
 
 import torch
 
 from psrt.dp.base import DataParallel, StepStats, wire_bytes
+from psrt.dp.common import COMPRESS, broadcast_model, check_compress, join_torch
 from psrt.errors import PsrtError
-
-COMPRESS = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 class _Then:
@@ -41,21 +40,21 @@ class _Then:
 
 
 class AllreduceReducer:
-    """Average over ranks with `comm.allreduce(op="avg")` and a fixed algorithm."""
+    """Average over ranks with `group.allreduce(op="avg")` and a fixed algorithm."""
 
-    def __init__(self, comm, algorithm: str):
-        self.comm, self.algorithm = comm, algorithm
+    def __init__(self, group, algorithm: str):
+        self.group, self.algorithm = group, algorithm
 
     def __call__(self, flat: torch.Tensor):
-        return self.comm.allreduce(flat, op="avg", out=flat, algorithm=self.algorithm, async_op=True)
+        return self.group.allreduce(flat, op="avg", out=flat, algorithm=self.algorithm, async_op=True)
 
     def wire_bytes(self, flat: torch.Tensor) -> int:
         nbytes = flat.numel() * flat.element_size()
         algo = self.algorithm
         if algo == "auto":
             from psrt.collectives import ALGORITHMS
-            algo = self.comm.tuning.choose("allreduce", nbytes, self.comm.size, ALGORITHMS["allreduce"])
-        return wire_bytes("allreduce", algo, nbytes, self.comm.size, self.comm.rank)
+            algo = self.group.tuning.choose("allreduce", nbytes, self.group.size, ALGORITHMS["allreduce"])
+        return wire_bytes("allreduce", algo, nbytes, self.group.size, self.group.rank)
 
 
 class CompressedReducer(AllreduceReducer):
@@ -65,8 +64,8 @@ class CompressedReducer(AllreduceReducer):
     and then divided, so the sum of N fp16 values cannot overflow where the average would
     not (the reasoning of torch's fp16_compress_hook)."""
 
-    def __init__(self, comm, algorithm: str, dtype: torch.dtype):
-        super().__init__(comm, algorithm)
+    def __init__(self, group, algorithm: str, dtype: torch.dtype):
+        super().__init__(group, algorithm)
         self.dtype = dtype
         self._wire: dict[int, torch.Tensor] = {}
 
@@ -74,8 +73,8 @@ class CompressedReducer(AllreduceReducer):
         wire = self._wire.get(id(flat))
         if wire is None or wire.numel() != flat.numel():
             wire = self._wire[id(flat)] = torch.empty(flat.numel(), dtype=self.dtype, device=flat.device)
-        wire.copy_(flat.div_(self.comm.size))
-        handle = self.comm.allreduce(wire, op="sum", out=wire, algorithm=self.algorithm, async_op=True)
+        wire.copy_(flat.div_(self.group.size))
+        handle = self.group.allreduce(wire, op="sum", out=wire, algorithm=self.algorithm, async_op=True)
         return _Then(handle, lambda: flat.copy_(wire))
 
     def wire_bytes(self, flat: torch.Tensor) -> int:
@@ -118,39 +117,51 @@ def make_buckets(params: list, bucket_bytes: int) -> list[_Bucket]:
     return buckets
 
 
-class DDP(DataParallel):
-    """Data parallelism by all-reducing gradient buckets during backward.
+@dataclass(frozen=True)
+class DDPOptions:
+    """Options of the bucketed all-reduce strategies (ring, native, torch).
 
-    Options:
-        bucket_mb: bucket size in MiB (default 25, PyTorch DDP's bucket_cap_mb: fewer, larger
-            collectives pay less latency; smaller buckets start earlier in backward).
-        overlap: launch each bucket as soon as it is ready (default True); False reduces
-            all buckets after backward, the baseline for measuring overlap.
-        compress: "none", "fp16" or "bf16": the dtype gradients travel in.
-        algorithm: the all-reduce algorithm (default: the class's own).
+    bucket_mb: bucket size in MiB (default 25, PyTorch DDP's bucket_cap_mb: fewer, larger
+        collectives pay less latency; smaller buckets start earlier in backward).
+    overlap: launch each bucket as soon as it is ready (default True); False reduces all
+        buckets after backward, the baseline for measuring overlap.
+    compress: "none", "fp16" or "bf16": the dtype gradients travel in.
+    algorithm: the all-reduce algorithm (default: the strategy's own).
     """
+
+    bucket_mb: float = 25.0
+    overlap: bool = True
+    compress: str = "none"
+    algorithm: str | None = None
+
+    def __post_init__(self):
+        check_compress(self.compress)
+        if not self.bucket_mb > 0:
+            raise PsrtError(f"--bucket-mb {self.bucket_mb}: must be positive", everywhere=True)
+
+
+class DDP(DataParallel):
+    """Data parallelism by all-reducing gradient buckets during backward (see DDPOptions)."""
 
     name = "ddp"
     default_algorithm = "ring"
+    Options = DDPOptions
 
-    def __init__(self, model, make_optimizer, comm, bucket_mb: float = 25.0, overlap: bool = True,
-                 compress: str = "none", algorithm: str | None = None, **options):
-        super().__init__(model, make_optimizer, comm, **options)
-        if compress not in COMPRESS:
-            raise PsrtError(f"--compress {compress!r}: choose one of {', '.join(COMPRESS)}", everywhere=True)
-        if bucket_mb <= 0:
-            raise PsrtError(f"--bucket-mb {bucket_mb}: must be positive", everywhere=True)
-        self.algorithm = algorithm or self.default_algorithm
-        self.overlap = overlap
-        self.reducer = (CompressedReducer(comm, self.algorithm, COMPRESS[compress]) if COMPRESS[compress]
-                        else AllreduceReducer(comm, self.algorithm))
+    def __init__(self, model, make_optimizer, group, **options):
+        super().__init__(model, make_optimizer, group, **options)
+        opts = self.options
+        self.algorithm = opts.algorithm or self.default_algorithm
+        self.overlap = opts.overlap
+        wire = COMPRESS[opts.compress]
+        self.reducer = (CompressedReducer(group, self.algorithm, wire) if wire
+                        else AllreduceReducer(group, self.algorithm))
         self._prepare_backend()
-        broadcast_model(model, comm)
+        broadcast_model(model, group)
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise PsrtError("the model has no trainable parameters")
         self.optimizer = make_optimizer(params)
-        self.buckets = make_buckets(params, int(bucket_mb * 2 ** 20))
+        self.buckets = make_buckets(params, int(opts.bucket_mb * 2 ** 20))
         self._syncing = False
         self._next = 0                 # index of the next bucket to launch
         self._launched_in_backward = 0
@@ -159,7 +170,7 @@ class DDP(DataParallel):
 
     def _prepare_backend(self) -> None:
         if self.algorithm == "torch":
-            ensure_torch_distributed(self.comm, self.model)
+            join_torch(self.group, self.model)
 
     # ------------------------------------------------------------------ gradient sync
     def _hook(self, b: int, i: int):
@@ -256,23 +267,6 @@ class DDP(DataParallel):
         self.optimizer.load_state_dict(state["optimizer"])
 
 
-def broadcast_model(model: torch.nn.Module, comm, root: int = 0) -> None:
-    """Give every rank root's parameters and buffers (one broadcast per dtype)."""
-    if comm.size == 1:
-        return
-    tensors = list(model.parameters()) + list(model.buffers())
-    by_dtype: dict = {}
-    for t in tensors:
-        by_dtype.setdefault((t.dtype, t.device), []).append(t)
-    with torch.no_grad():
-        for group in by_dtype.values():
-            flat = torch.cat([t.reshape(-1) for t in group])
-            comm.broadcast(flat, root=root)
-            off = 0
-            for t in group:
-                t.copy_(flat[off:off + t.numel()].view_as(t))
-                off += t.numel()
-
 
 class RingDDP(DDP):
     """Buckets all-reduced by psrt's ring (reduce-scatter + all-gather)."""
@@ -288,17 +282,3 @@ class TorchDDP(DDP):
     """Buckets all-reduced by torch.distributed (gloo on CPU, nccl on GPU)."""
     name, default_algorithm = "torch", "torch"
 
-
-def ensure_torch_distributed(comm, model) -> None:
-    """Join torch.distributed (gloo on CPU, nccl for CUDA models) if nobody has yet, using the
-    rendezvous psrt.init() exported (MASTER_ADDR/MASTER_PORT)."""
-    import torch.distributed as dist
-    if dist.is_initialized():
-        return
-    if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
-        raise PsrtError("the 'torch' reducer needs torch.distributed: call psrt.init() (which exports "
-                        "MASTER_ADDR/MASTER_PORT) or psrt.init_torch_distributed(world) first")
-    from datetime import timedelta
-    backend = "nccl" if next(model.parameters()).is_cuda else "gloo"
-    dist.init_process_group(backend, init_method="env://", rank=comm.rank, world_size=comm.size,
-                            timeout=timedelta(seconds=300))

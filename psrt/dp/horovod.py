@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 
 import torch
 
 from psrt.dp.base import DataParallel, StepStats, wire_bytes
+from psrt.dp.common import check_compress
 from psrt.errors import PsrtError
 
 INSTALL_HINT = "--dp horovod needs horovod: run scripts/install_horovod.sh"
@@ -35,8 +37,8 @@ def import_horovod():
     return hvd
 
 
-def init_horovod(comm):
-    """Start Horovod on the ranks of `comm` (a psrt.Communicator) and return `horovod.torch`.
+def init_horovod(group):
+    """Start Horovod on the ranks of `group` (a psrt.Communicator) and return `horovod.torch`.
 
     Under an MPI launcher Horovod gets psrt's own mpi4py communicator, so its rank i is
     psrt's rank i even when data parallelism runs on a sub-communicator of the world.  Under
@@ -47,32 +49,36 @@ def init_horovod(comm):
     hvd = import_horovod()
     if not hvd.is_initialized():
         use_gloo = os.environ.get("HOROVOD_CONTROLLER") == "gloo" or not hvd.mpi_built()
-        hvd.init() if use_gloo else hvd.init(comm=comm.comm)
-    if hvd.size() != comm.size or hvd.rank() != comm.rank:
+        hvd.init() if use_gloo else hvd.init(comm=group.comm)
+    if hvd.size() != group.size or hvd.rank() != group.rank:
         raise PsrtError(f"horovod runs on {hvd.size()} ranks (this is its rank {hvd.rank()}) but the psrt "
-                        f"communicator has {comm.size} (rank {comm.rank}): start horovod on the same ranks "
+                        f"communicator has {group.size} (rank {group.rank}): start horovod on the same ranks "
                         "(one launch, no hvd.init() on another communicator)")
     return hvd
 
 
-class HorovodStrategy(DataParallel):
-    """Gradients averaged by hvd.DistributedOptimizer (op=Average), during backward.
+@dataclass(frozen=True)
+class HorovodOptions:
+    """compress: "none" or "fp16": the dtype gradients travel in (hvd.Compression).  psrt's
+    bucket_mb, overlap and algorithm do not apply: Horovod fuses and overlaps on its own
+    (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME)."""
 
-    Options:
-        compress: "none" or "fp16": the dtype gradients travel in (hvd.Compression).
-    Other psrt options (bucket_mb, overlap, algorithm...) do not apply: Horovod fuses and
-    overlaps on its own (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME).
-    """
+    compress: str = "none"
+
+    def __post_init__(self):
+        check_compress(self.compress, COMPRESSIONS, "horovod")
+
+
+class HorovodStrategy(DataParallel):
+    """Gradients averaged by hvd.DistributedOptimizer (op=Average), during backward."""
 
     name = "horovod"
+    Options = HorovodOptions
 
-    def __init__(self, model, make_optimizer, comm, compress: str | None = "none", **options):
-        super().__init__(model, make_optimizer, comm, **options)
-        compress = compress or "none"
-        if compress not in COMPRESSIONS:
-            raise PsrtError(f"--compress {compress!r}: horovod offers {', '.join(COMPRESSIONS)}",
-                            everywhere=True)
-        hvd = self.hvd = init_horovod(comm)
+    def __init__(self, model, make_optimizer, group, **options):
+        super().__init__(model, make_optimizer, group, **options)
+        compress = self.options.compress
+        hvd = self.hvd = init_horovod(group)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise PsrtError("the model has no trainable parameters")
@@ -85,7 +91,7 @@ class HorovodStrategy(DataParallel):
         self.optimizer = hvd.DistributedOptimizer(
             inner, named_parameters=named, op=hvd.Average,
             compression=hvd.Compression.fp16 if compress == "fp16" else hvd.Compression.none,
-            gradient_predivide_factor=float(comm.size) if compress == "fp16" else 1.0)
+            gradient_predivide_factor=float(group.size) if compress == "fp16" else 1.0)
         self._broadcast_optimizer_state()
         # Bytes of gradients one step all-reduces (fp16 compression halves fp32's).
         self._wire_bytes = sum(p.numel() * (2 if compress == "fp16" else p.element_size()) for _, p in named)
@@ -130,7 +136,7 @@ class HorovodStrategy(DataParallel):
             opt.step()
         elapsed = time.perf_counter() - start
         # Horovod's MPI_Allreduce (or gloo ring) on the fused gradients: counted as a ring.
-        sent = wire_bytes("allreduce", "native", self._wire_bytes, self.comm.size, self.comm.rank)
+        sent = wire_bytes("allreduce", "native", self._wire_bytes, self.group.size, self.group.rank)
         return StepStats(loss=loss, compute_s=elapsed - comm_s, comm_s=comm_s, bytes_sent=sent,
                          extra={"backward_passes_per_step": n})
 

@@ -6,37 +6,49 @@ parameters back to every worker.  Built from MPI point-to-point on purpose, so t
 link really carries (N-1) x M in and (N-1) x M out per step, the cost that sharding
 (ps_sharded.py) and the ring all-reduce remove (Li et al., OSDI 2014; docs/parameter_server.md).
 
-Options (keywords, from the CLI's --servers / --staleness):
-    servers: 0 or None (default): rank 0 is the server and also a worker.
-             1: the last rank is a dedicated server (no forward/backward; it calls `serve()`).
-    staleness: must be 0 or None (use ps-async for bounded staleness).
-    timeout_s: how long any wait may last before it becomes an error naming the missing ranks
-             (default 600 s); the normal exit of every receive loop is the DONE sentinel.
+Options: see PSOptions.
 
 The protocol engine here serves one or several shards, so ps-sharded is this class with
 another layout and a flat-shard optimizer (see ShardedParameterServer).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from mpi4py import MPI
 
-from psrt.dp.base import DataParallel, StepStats, optimizer_state_bytes
+from psrt.dp.base import DataParallel, StepStats
+from psrt.dp.common import optimizer_state_bytes
 from psrt.dp.ps_protocol import (TAG_DONE, TAG_PULL, TAG_PUSH, FlatParams, ModelShard, Wire,
                                  average_in_order, broadcast_initial, check_staleness,
-                                 local_backward, now, positive_timeout, shard_ranges, wait_all)
+                                 local_backward, now, shard_ranges, timeout_option, wait_all)
 from psrt.errors import PsrtError
+
+
+@dataclass(frozen=True)
+class PSOptions:
+    """servers: 0 or None (default): rank 0 is the server and also a worker; 1: the last rank
+        is a dedicated server (no forward/backward; it calls `serve()`).
+    staleness: must be 0 or None (use ps-async for bounded staleness).
+    timeout_s: how long any wait may last before it becomes an error naming the missing ranks
+        (default PSRT_TIMEOUT); the normal exit of every receive loop is the DONE sentinel."""
+
+    servers: int | None = None
+    staleness: int | None = None
+    timeout_s: float | None = None
 
 
 class ParameterServer(DataParallel):
     name = "ps"
+    Options = PSOptions
 
-    def __init__(self, model, make_optimizer, comm, **options):
-        super().__init__(model, make_optimizer, comm, **options)
-        check_staleness(options, self.name)
-        self.timeout_s = positive_timeout(options, self.name)
-        parent = getattr(comm, "comm", comm)
+    def __init__(self, model, make_optimizer, group, **options):
+        super().__init__(model, make_optimizer, group, **options)
+        check_staleness(self.options.staleness, self.name)
+        self.timeout_s = timeout_option(self.options.timeout_s, self.name)
+        parent = group.comm
         self.rank, self.size = parent.Get_rank(), parent.Get_size()
-        self.server_ranks, self.worker_ranks = self._layout(self.size, options)
+        self.server_ranks, self.worker_ranks = self._layout(self.size, self.options)
         self.flat = FlatParams(model)
         self.ranges = shard_ranges(self.flat.numel, len(self.server_ranks))
         self.is_worker = self.rank in self.worker_ranks
@@ -61,9 +73,9 @@ class ParameterServer(DataParallel):
                                   "update_s": 0.0}
 
     # ------------------------------------------------------------ layout (overridden by ps-sharded)
-    def _layout(self, size: int, options: dict) -> tuple[list[int], list[int]]:
+    def _layout(self, size: int, options: PSOptions) -> tuple[list[int], list[int]]:
         """(server ranks, worker ranks), the same on every rank."""
-        servers = options.get("servers") or 0
+        servers = options.servers or 0
         if servers == 0:
             return [0], list(range(size))
         if servers != 1:

@@ -19,15 +19,17 @@ would share the GIL with rank 0's forward/backward and every pull would wait for
 own rank the server answers at once, its cost shows on its own link, and the protocol stays
 single-threaded (no MPI_THREAD_MULTIPLE locking on the training path).
 
-Options: servers (None or 1: the one dedicated server), staleness s >= 0 (default 0),
-timeout_s (default 600), record_clocks (keep a per-pull log on the server, for tests).
+Options: see AsyncPSOptions.
 """
 from __future__ import annotations
 
-from psrt.dp.base import DataParallel, StepStats, optimizer_state_bytes
+from dataclasses import dataclass
+
+from psrt.dp.base import DataParallel, StepStats
+from psrt.dp.common import optimizer_state_bytes
 from psrt.dp.ps_protocol import (TAG_DONE, TAG_FINAL, TAG_PULL, TAG_PUSH, FlatParams, ModelShard,
                                  Wire, average_in_order, broadcast_initial, local_backward, now,
-                                 positive_timeout, probe_any, wait_all)
+                                 probe_any, timeout_option, wait_all)
 from psrt.errors import PsrtError
 
 
@@ -87,26 +89,40 @@ class SSPTable:
         return not self.active and not self.pending
 
 
+@dataclass(frozen=True)
+class AsyncPSOptions:
+    """servers: None or 1 (the one dedicated server).  staleness: s >= 0 (default 0).
+    timeout_s: as in `--dp ps` (default PSRT_TIMEOUT).  record_clocks: keep a per-pull log on
+    the server (for tests)."""
+
+    servers: int | None = None
+    staleness: int | None = None
+    timeout_s: float | None = None
+    record_clocks: bool = False
+
+
 class AsyncParameterServer(DataParallel):
     name = "ps-async"
+    Options = AsyncPSOptions
 
-    def __init__(self, model, make_optimizer, comm, **options):
-        super().__init__(model, make_optimizer, comm, **options)
-        parent = getattr(comm, "comm", comm)
+    def __init__(self, model, make_optimizer, group, **options):
+        super().__init__(model, make_optimizer, group, **options)
+        options = self.options
+        parent = group.comm
         self.rank, self.size = parent.Get_rank(), parent.Get_size()
-        servers = options.get("servers")
+        servers = options.servers
         if servers not in (None, 1):
             raise PsrtError(f"--dp ps-async runs one dedicated server rank: use --servers 1 (or "
                             f"leave it out), got --servers {servers}", everywhere=True)
         if self.size < 2:
             raise PsrtError(f"--dp ps-async needs at least 2 ranks (workers + 1 dedicated server), "
                             f"got {self.size}", everywhere=True)
-        staleness = options.get("staleness") or 0
+        staleness = options.staleness or 0
         if int(staleness) != staleness or staleness < 0:
             raise PsrtError(f"--dp ps-async: --staleness must be an integer >= 0, got {staleness}",
                             everywhere=True)
         self.staleness = int(staleness)
-        self.timeout_s = positive_timeout(options, self.name)
+        self.timeout_s = timeout_option(options.timeout_s, self.name)
         self.server_rank = self.size - 1
         self.worker_ranks = list(range(self.size - 1))
         self.is_worker = self.rank != self.server_rank
@@ -127,7 +143,7 @@ class AsyncParameterServer(DataParallel):
             self._spare: list[Wire] = []          # gradient buffers of applied clocks, reused
             self._head = Wire(0, dtype)
             self._last_loss = float("nan")        # mean loss of the last applied clock
-            self.clock_log: list[tuple] | None = [] if options.get("record_clocks") else None
+            self.clock_log: list[tuple] | None = [] if options.record_clocks else None
             self.server_totals = {"clocks_applied": 0, "bytes_sent": 0, "bytes_received": 0,
                                   "update_s": 0.0, "max_lead": 0, "pulls": 0}
 

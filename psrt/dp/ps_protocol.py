@@ -18,7 +18,9 @@ from typing import Callable, Iterable
 import torch
 from mpi4py import MPI
 
+from psrt import env
 from psrt.collectives.layout import even_counts, offsets
+from psrt.collectives.p2p import poll
 from psrt.errors import PsrtError
 from psrt.transport import msg
 
@@ -245,50 +247,34 @@ def local_backward(model: torch.nn.Module, loss_fn, microbatches: list) -> float
 def wait_all(reqs: list, timeout_s: float, what: Callable[[list[int]], str]) -> list:
     """Wait for every request; returns their statuses.
 
-    Polls (Testall, then short sleeps) instead of blocking in Waitall so that a peer that
-    vanished without its sentinel becomes an error after `timeout_s` rather than a hang, and
-    so that ranks sharing cores yield them while waiting.  `what(pending)` names the wait,
-    given the indices of the requests still open."""
-    statuses: list = []
+    Polls (psrt.collectives.p2p.poll) instead of blocking in Waitall, so that a peer that
+    vanished without its sentinel becomes an error after `timeout_s` rather than a hang.
+    `what(pending)` names the wait, given the indices of the requests still open."""
     if not reqs:
-        return statuses
-    deadline = time.monotonic() + timeout_s
-    spins = 0
-    while not MPI.Request.Testall(reqs, statuses):
-        spins += 1
-        if spins > 200:
-            time.sleep(min(1e-3, 2e-6 * (spins - 200)))
-        if time.monotonic() > deadline:
-            pending = [i for i, r in enumerate(reqs) if not r.Test()]
-            raise PsrtError(what(pending))
-        statuses = []
+        return []
+    statuses = [MPI.Status() for _ in reqs]
+    poll(lambda: MPI.Request.Testall(reqs, statuses), timeout_s,
+         lambda: what([i for i, r in enumerate(reqs) if not r.Test()]))
     return statuses
 
 
 def probe_any(comm, timeout_s: float, what: Callable[[], str]) -> MPI.Status:
     """Wait for any message on `comm` (from any source, any tag); returns its status."""
     status = MPI.Status()
-    deadline = time.monotonic() + timeout_s
-    spins = 0
-    while not comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
-        spins += 1
-        if spins > 200:
-            time.sleep(min(1e-3, 2e-6 * (spins - 200)))
-        if time.monotonic() > deadline:
-            raise PsrtError(what())
+    poll(lambda: comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status), timeout_s, what)
     return status
 
 
-def positive_timeout(options: dict, name: str) -> float:
-    timeout = float(options.get("timeout_s") or 600.0)
-    if timeout <= 0:
+def timeout_option(timeout_s: float | None, name: str) -> float:
+    """A strategy's timeout_s option: PSRT_TIMEOUT when not given, and positive."""
+    timeout = env.timeout_s() if timeout_s is None else float(timeout_s)
+    if not timeout > 0:
         raise PsrtError(f"--dp {name}: timeout_s must be positive, got {timeout}", everywhere=True)
     return timeout
 
 
-def check_staleness(options: dict, name: str) -> None:
+def check_staleness(staleness: int | None, name: str) -> None:
     """The synchronous strategies accept the CLI's --staleness only as 0 (or unset)."""
-    staleness = options.get("staleness")
     if staleness not in (None, 0):
         raise PsrtError(f"--dp {name} is synchronous; --staleness {staleness} needs --dp ps-async",
                         everywhere=True)

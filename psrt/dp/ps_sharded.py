@@ -8,27 +8,36 @@ its gradient to server s and pulls slice s of the parameters back, so a server m
 ps.py's synchronous engine run once per shard: each server averages its slice in worker-rank
 order, so the parameters match `--dp ps` to rounding and the single-process run to tolerance.
 
-Options (keywords):
-    servers: number of DEDICATED server ranks, as in `--dp ps`.  S > 0: the last S ranks hold
-             one shard each and do no forward/backward (they call `serve()`); ranks
-             0..N-S-1 are the workers.  0 or None (default): no dedicated servers, see shards.
-    shards:  with servers = 0 only: ranks 0..shards-1 hold one shard each and also work
-             (default: every rank holds a shard, the co-located ps-lite layout).
-    staleness, timeout_s: as in `--dp ps`.
+Options: see ShardedPSOptions.
 """
 from __future__ import annotations
 
-from psrt.dp.ps import ParameterServer
+from dataclasses import dataclass
+
+from psrt.dp.ps import ParameterServer, PSOptions
 from psrt.dp.ps_protocol import FlatShard
 from psrt.errors import PsrtError
 
 
+@dataclass(frozen=True)
+class ShardedPSOptions(PSOptions):
+    """servers: number of DEDICATED server ranks, as in `--dp ps`.  S > 0: the last S ranks
+        hold one shard each and do no forward/backward (they call `serve()`); ranks 0..N-S-1
+        are the workers.  0 or None (default): no dedicated servers, see shards.
+    shards: with servers = 0 only: ranks 0..shards-1 hold one shard each and also work
+        (default: every rank holds a shard, the co-located ps-lite layout).
+    staleness, timeout_s: as in `--dp ps`."""
+
+    shards: int | None = None
+
+
 class ShardedParameterServer(ParameterServer):
     name = "ps-sharded"
+    Options = ShardedPSOptions
 
-    def _layout(self, size: int, options: dict) -> tuple[list[int], list[int]]:
-        servers = options.get("servers") or 0
-        shards = options.get("shards")
+    def _layout(self, size: int, options: ShardedPSOptions) -> tuple[list[int], list[int]]:
+        servers = options.servers or 0
+        shards = options.shards
         if servers < 0:
             raise PsrtError(f"--dp ps-sharded: --servers must be >= 0, got {servers}", everywhere=True)
         if servers > 0:

@@ -17,46 +17,52 @@ norm-based ones (LAMB, gradient clipping) would need a global norm first.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
 from psrt.collectives import ALGORITHMS
 from psrt.dp.base import DataParallel, StepStats, wire_bytes
-from psrt.dp.ddp import COMPRESS, broadcast_model, ensure_torch_distributed
+from psrt.dp.common import COMPRESS, broadcast_model, check_compress, copy_back, flatten, join_torch
 from psrt.errors import PsrtError
 
 
-class ZeroOptimizer(DataParallel):
-    """Data parallelism with the optimizer state sharded over ranks.
+@dataclass(frozen=True)
+class ZeroOptions:
+    """algorithm: reduce-scatter / all-gather algorithm (default "ring").
+    compress: "none", "fp16" or "bf16": the dtype gradients travel in (parameters are always
+        gathered in full precision)."""
 
-    Options:
-        algorithm: reduce-scatter / all-gather algorithm (default "ring").
-        compress: "none", "fp16" or "bf16": the dtype gradients travel in (parameters are
-            always gathered in full precision).
-    """
+    algorithm: str | None = None
+    compress: str = "none"
+
+    def __post_init__(self):
+        check_compress(self.compress)
+
+
+class ZeroOptimizer(DataParallel):
+    """Data parallelism with the optimizer state sharded over ranks (see ZeroOptions)."""
 
     name = "zero"
+    Options = ZeroOptions
 
-    def __init__(self, model, make_optimizer, comm, algorithm: str | None = None,
-                 compress: str = "none", **options):
-        super().__init__(model, make_optimizer, comm, **options)
-        if compress not in COMPRESS:
-            raise PsrtError(f"--compress {compress!r}: choose one of {', '.join(COMPRESS)}", everywhere=True)
-        self.algorithm = algorithm or "ring"
+    def __init__(self, model, make_optimizer, group, **options):
+        super().__init__(model, make_optimizer, group, **options)
+        self.algorithm = self.options.algorithm or "ring"
         usable = [a for a in ALGORITHMS["reduce_scatter"] if a in ALGORITHMS["allgather"]]
         if self.algorithm not in usable + ["auto"]:
             raise PsrtError(f"--algorithm {self.algorithm}: --dp zero needs a reduce-scatter and "
                             f"all-gather algorithm: one of auto, {', '.join(usable)}", everywhere=True)
         if self.algorithm == "torch":
-            ensure_torch_distributed(comm, model)
-        self.wire_dtype = COMPRESS[compress]
-        broadcast_model(model, comm)
+            join_torch(group, model)
+        self.wire_dtype = COMPRESS[self.options.compress]
+        broadcast_model(model, group)
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise PsrtError("the model has no trainable parameters")
         if len({p.dtype for p in self.params}) != 1:
             raise PsrtError("--dp zero needs every trainable parameter in one dtype")
-        n, r = comm.size, comm.rank
+        n, r = group.size, group.rank
         self.total = sum(p.numel() for p in self.params)
         self.shard = -(-self.total // n)                 # ceil: pad so N parts are equal
         like = self.params[0]
@@ -64,7 +70,7 @@ class ZeroOptimizer(DataParallel):
         # Gather buffer: each rank's shard followed by its local loss, so the mean loss over
         # ranks arrives with the parameters at no extra message.
         self.gathered = torch.zeros(n * (self.shard + 1), dtype=like.dtype, device=like.device)
-        flat = torch.cat([p.detach().reshape(-1) for p in self.params])
+        flat = flatten(self.params)
         mine = torch.zeros(self.shard, dtype=like.dtype, device=like.device)
         lo, hi = r * self.shard, min((r + 1) * self.shard, self.total)
         if hi > lo:
@@ -74,31 +80,21 @@ class ZeroOptimizer(DataParallel):
         self.optimizer = make_optimizer([self.master])
         self.grad_shard = torch.zeros(self.shard, dtype=like.dtype, device=like.device)
 
-    def _copy_grads(self) -> None:
-        off = 0
-        for p in self.params:
-            k = p.numel()
-            if p.grad is None:      # no gradient on this rank: contributes zeros
-                self.flat_grad[off:off + k].zero_()
-            else:
-                self.flat_grad[off:off + k].copy_(p.grad.reshape(-1))
-            off += k
-
     def _reduce_scatter(self) -> int:
         """flat_grad -> averaged gradient of this rank's shard in grad_shard; returns bytes sent."""
-        n = self.comm.size
+        n = self.group.size
         counts = [self.shard] * n
         if self.wire_dtype is None:
-            self.comm.reduce_scatter(self.flat_grad, op="avg", out=self.grad_shard, counts=counts,
+            self.group.reduce_scatter(self.flat_grad, op="avg", out=self.grad_shard, counts=counts,
                                      algorithm=self.algorithm)
             sent = self.flat_grad.numel() * self.flat_grad.element_size()
         else:
             # Divide before the cast so the fp16 sum cannot overflow (see ddp.CompressedReducer).
             wire = (self.flat_grad / n).to(self.wire_dtype)
-            self.grad_shard.copy_(self.comm.reduce_scatter(wire, op="sum", counts=counts,
+            self.grad_shard.copy_(self.group.reduce_scatter(wire, op="sum", counts=counts,
                                                            algorithm=self.algorithm))
             sent = wire.numel() * wire.element_size()
-        return wire_bytes("reduce_scatter", self.algorithm, sent, n, self.comm.rank)
+        return wire_bytes("reduce_scatter", self.algorithm, sent, n, self.group.rank)
 
     def step(self, loss_fn, microbatches: list) -> StepStats:
         start = time.perf_counter()
@@ -109,41 +105,34 @@ class ZeroOptimizer(DataParallel):
             loss = loss_fn(mb)
             total += loss.item()
             (loss / n_mb).backward()     # mean over this rank's samples, as in ddp.DDP.step
-        self._copy_grads()
+        flatten([p.grad for p in self.params], like=self.params, out=self.flat_grad)
         t0 = time.perf_counter()
         sent = self._reduce_scatter()
         comm_s = time.perf_counter() - t0
         self.master.grad = self.grad_shard
         self.optimizer.step()
-        n, k = self.comm.size, self.shard
+        n, k = self.group.size, self.shard
         send = torch.cat([self.master.detach(), self.master.new_tensor([total / n_mb])])
         t0 = time.perf_counter()
-        self.comm.allgather(send, out=self.gathered, counts=[k + 1] * n, algorithm=self.algorithm)
+        self.group.allgather(send, out=self.gathered, counts=[k + 1] * n, algorithm=self.algorithm)
         comm_s += time.perf_counter() - t0
         sent += wire_bytes("allgather", self.algorithm, self.gathered.numel() * self.gathered.element_size(),
-                           n, self.comm.rank)
+                           n, self.group.rank)
         table = self.gathered.view(n, k + 1)
-        self._unflatten(table[:, :k].reshape(-1))
+        copy_back(table[:, :k].reshape(-1), self.params)
         elapsed = time.perf_counter() - start
         return StepStats(loss=float(table[:, k].mean()), compute_s=elapsed - comm_s, comm_s=comm_s,
                          bytes_sent=sent, extra={"shard_elements": k})
 
-    @torch.no_grad()
-    def _unflatten(self, flat: torch.Tensor) -> None:
-        off = 0
-        for p in self.params:
-            p.copy_(flat[off:off + p.numel()].view_as(p))
-            off += p.numel()
-
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "master": self.master.detach().clone(), "shard": [self.comm.rank, self.comm.size, self.shard]}
+                "master": self.master.detach().clone(), "shard": [self.group.rank, self.group.size, self.shard]}
 
     def load_state_dict(self, state: dict) -> None:
         rank, size, shard = state["shard"]
-        if (size, shard) != (self.comm.size, self.shard):
+        if (size, shard) != (self.group.size, self.shard):
             raise PsrtError(f"--resume: this zero checkpoint holds {size} optimizer shards of {shard} "
-                            f"elements; this run has {self.comm.size} of {self.shard} (resume on "
+                            f"elements; this run has {self.group.size} of {self.shard} (resume on "
                             f"{size} ranks)", everywhere=True)
         self.model.load_state_dict(state["model"])
         with torch.no_grad():

@@ -8,6 +8,7 @@ import subprocess
 
 from psrt.errors import PsrtError
 
+
 def mpi_flavour(mpirun: str = "mpirun") -> str:
     """'openmpi4', 'openmpi5', 'mpich' or 'unknown', from `mpirun --version`."""
     path = shutil.which(mpirun)

@@ -13,11 +13,11 @@ pending send needs its own buffer; the cached staging buffers are reused too ear
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
 
+from psrt import env
+from psrt.collectives.p2p import poll
 from psrt.errors import PsrtError
 from psrt.transport import SUPPORTED_DTYPES, Staging, check_dtype, msg
 
@@ -48,15 +48,15 @@ class P2P:
 
     Args:
         comm: mpi4py communicator; ranks are pipeline ranks.
-        timeout_s: how long a receive waits before it raises PsrtError.
+        timeout_s: how long a receive waits before it raises PsrtError (default PSRT_TIMEOUT).
     """
 
-    def __init__(self, comm, timeout_s: float = 300.0, staging: Staging | None = None):
+    def __init__(self, comm, timeout_s: float | None = None, staging: Staging | None = None):
         from mpi4py import MPI
         self._mpi = MPI
         self.comm = comm
         self.rank = comm.Get_rank()
-        self.timeout_s = timeout_s
+        self.timeout_s = env.timeout_s() if timeout_s is None else timeout_s
         # MPI_TAG_UB is attached to MPI_COMM_WORLD only (MPI 4.1 sec. 9.1.2); on other
         # communicators fall back to the smallest value the standard allows.
         self.tag_ub = comm.Get_attr(MPI.TAG_UB) or 32767
@@ -106,35 +106,23 @@ class P2P:
         return buf if buf.device == device else buf.to(device)
 
     def _probe(self, source: int, tag: int, what: str):
-        deadline = time.monotonic() + self.timeout_s
-        pause = 0.0
-        while True:
-            message = self.comm.Improbe(source, tag)
-            if message is not None:
-                return message
+        def arrived():
             self._reap()
-            if time.monotonic() > deadline:
-                raise PsrtError(f"pipeline rank {self.rank}: no {what} from pipeline rank "
-                                f"{source} after {self.timeout_s:g} s (did it fail or run a "
-                                "different schedule?)")
-            # Back off to at most 1 ms: on a shared or oversubscribed CPU a spinning rank
-            # would take the core from the neighbour it is waiting for.
-            time.sleep(pause)
-            pause = min(1e-3, pause * 2 or 2e-5)
+            return self.comm.Improbe(source, tag)
+        return poll(arrived, self.timeout_s, lambda: (
+            f"pipeline rank {self.rank}: no {what} from pipeline rank {source} after "
+            f"{self.timeout_s:g} s (did it fail or run a different schedule?)"))
 
     def _reap(self) -> None:
         self._pending = [p for p in self._pending if not self._mpi.Request.Testall(p[0])]
 
     def wait_all(self) -> None:
         """Finish every pending send (with the same deadline as a receive)."""
-        deadline = time.monotonic() + self.timeout_s
-        while self._pending:
+        def delivered():
             self._reap()
-            if self._pending and time.monotonic() > deadline:
-                raise PsrtError(f"pipeline rank {self.rank}: {len(self._pending)} sends not "
-                                f"delivered after {self.timeout_s:g} s")
-            if self._pending:
-                time.sleep(1e-4)
+            return not self._pending
+        poll(delivered, self.timeout_s, lambda: f"pipeline rank {self.rank}: {len(self._pending)} "
+             f"sends not delivered after {self.timeout_s:g} s")
         if self._local:
             raise PsrtError(f"pipeline rank {self.rank}: {len(self._local)} local messages "
                             "were never consumed (the schedule and the stages disagree)")

@@ -29,7 +29,7 @@ ACT, GRAD = 0, 1
 
 
 @dataclass
-class StepStats:
+class PipelineStats:
     """What one pipeline step did on this rank."""
 
     loss: float | None = None            # the batch loss (same on every pipeline rank)
@@ -74,16 +74,16 @@ class PipelineRuntime:
 
     Args:
         stages: stage id -> module, exactly the stages `schedule` puts on this rank.
-        schedule: a validated Schedule (psrt.pp.schedule.make).
+        schedule: a validated Schedule (psrt.pp.schedule.make_schedule).
         comm: mpi4py communicator over the pipeline ranks (Grid.pp_comm); its size must be
             the schedule's number of ranks and its rank this rank's pipeline rank.
         loss_fn: (last stage output, target) -> scalar mean loss of the micro-batch.
         device: where activations live ("cpu" or a CUDA device).
-        timeout_s: how long a receive waits before raising PsrtError.
+        timeout_s: how long a receive waits before raising PsrtError (default PSRT_TIMEOUT).
     """
 
     def __init__(self, stages: dict[int, nn.Module], schedule: Schedule, comm,
-                 loss_fn: Callable, device="cpu", timeout_s: float = 300.0):
+                 loss_fn: Callable, device="cpu", timeout_s: float | None = None):
         self.rank = comm.Get_rank()
         if comm.Get_size() != schedule.num_ranks:
             raise PsrtError(f"pipeline: schedule {schedule.name} is for {schedule.num_ranks} "
@@ -106,7 +106,7 @@ class PipelineRuntime:
         for s in sorted(self.stages):
             yield from self.stages[s].parameters()
 
-    def step(self, inputs: list | None, targets: list | None, weights: list | None = None) -> StepStats:
+    def step(self, inputs: list | None, targets: list | None, weights: list | None = None) -> PipelineStats:
         """One pass of the schedule over m micro-batches.
 
         Args:
@@ -120,7 +120,7 @@ class PipelineRuntime:
             if where in self.stages and (seq is None or len(seq) != m):
                 raise PsrtError(f"pipeline rank {self.rank}: stage {where} needs {m} micro-batch "
                                 f"{name}, got {None if seq is None else len(seq)}")
-        stats = StepStats()
+        stats = PipelineStats()
         stash: dict[tuple[int, int], tuple] = {}
         live = loss_sum = 0.0
         start = time.perf_counter()
@@ -170,7 +170,7 @@ class PipelineRuntime:
                                      root=self.schedule.rank_of(self.last))
         return stats
 
-    def _recv(self, peer_stage: int, stage: int, mb: int, kind: int, stats: StepStats):
+    def _recv(self, peer_stage: int, stage: int, mb: int, kind: int, stats: PipelineStats):
         what = (f"activation of micro-batch {mb} for stage {stage}" if kind == ACT else
                 f"gradient of micro-batch {mb} for stage {stage}")
         t0 = time.perf_counter()

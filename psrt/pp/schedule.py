@@ -154,7 +154,7 @@ def _interleaved_ranks(p: int, m: int, v: int, r: int, warm: int) -> tuple:
     return tuple(seq)
 
 
-def make(name: str, num_ranks: int, num_microbatches: int, virtual_stages: int = 1) -> Schedule:
+def make_schedule(name: str, num_ranks: int, num_microbatches: int, virtual_stages: int = 1) -> Schedule:
     """Build a schedule by name ('gpipe', '1f1b', 'interleaved') and check it."""
     if name not in SCHEDULES:
         raise PsrtError(f"unknown pipeline schedule {name!r}; choose one of {', '.join(SCHEDULES)}",

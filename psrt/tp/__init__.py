@@ -5,12 +5,29 @@ transformer LM with its loader from the dense psrt.train.models.TransformerLM (m
 Every layer takes `group`, a psrt Communicator over the TP ranks (Grid.tp_group).
 """
 from psrt.tp.attention import ParallelAttention
-from psrt.tp.comm import CountingGroup, copy_to_tp, gather_from_tp, reduce_from_tp, scatter_to_tp, shard_range
-from psrt.tp.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+from psrt.tp.comm import (
+           CountingGroup,
+           copy_to_tp,
+           gather_from_tp,
+           reduce_from_tp,
+           scatter_to_tp,
+)
+from psrt.tp.layers import (
+           ColumnParallelLinear,
+           RowParallelLinear,
+           VocabParallelEmbedding,
+)
 from psrt.tp.loss import vocab_parallel_cross_entropy
-from psrt.tp.model import ParallelBlock, ParallelMLP, TPTransformerLM, shard_dense, shard_specs, take
+from psrt.tp.model import (
+           ParallelBlock,
+           ParallelMLP,
+           TPTransformerLM,
+           shard_dense,
+           shard_specs,
+           take,
+)
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "ParallelAttention",
            "ParallelMLP", "ParallelBlock", "TPTransformerLM", "shard_dense", "shard_specs", "take",
            "vocab_parallel_cross_entropy", "CountingGroup", "copy_to_tp", "reduce_from_tp",
-           "scatter_to_tp", "gather_from_tp", "shard_range"]
+           "scatter_to_tp", "gather_from_tp"]

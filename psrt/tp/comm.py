@@ -14,13 +14,7 @@ from __future__ import annotations
 
 import torch
 
-
-def shard_range(n: int, parts: int, index: int) -> tuple[int, int]:
-    """[start, end) of part `index` when n items are split into `parts` contiguous parts
-    (sizes differ by at most one, larger parts first, as psrt's even_counts)."""
-    base, extra = divmod(n, parts)
-    start = index * base + min(index, extra)
-    return start, start + base + (1 if index < extra else 0)
+from psrt.collectives.layout import shard_range
 
 
 def _allreduce(t: torch.Tensor, group, op: str = "sum") -> torch.Tensor:

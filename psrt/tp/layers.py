@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from psrt.collectives.layout import shard_range
 from psrt.errors import PsrtError
-from psrt.tp.comm import copy_to_tp, gather_from_tp, reduce_from_tp, scatter_to_tp, shard_range
+from psrt.tp.comm import copy_to_tp, gather_from_tp, reduce_from_tp, scatter_to_tp
 
 
 def _take(t: torch.Tensor, index: torch.Tensor | None, dim: int, group) -> torch.Tensor:

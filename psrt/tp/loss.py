@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 
+from psrt.collectives.layout import shard_range
 from psrt.errors import PsrtError
-from psrt.tp.comm import _allreduce, shard_range
+from psrt.tp.comm import _allreduce
 
 
 class VocabParallelCrossEntropy(torch.autograd.Function):

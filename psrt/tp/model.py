@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from psrt.collectives.layout import shard_range
 from psrt.errors import PsrtError
 from psrt.tp.attention import ParallelAttention, head_rows
-from psrt.tp.comm import shard_range
 from psrt.tp.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from psrt.tp.loss import vocab_parallel_cross_entropy
 

@@ -8,25 +8,26 @@ built, with a one-line message that names the flag.
 from __future__ import annotations
 
 import argparse
-import math
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 
 from psrt.collectives import ALL_ALGORITHMS
-from psrt.train.data import DATASETS
 from psrt.dp import STRATEGIES
-from psrt.dp.ddp import COMPRESS
+from psrt.dp.common import COMPRESS, DEFAULT_LR, OPTIMIZERS
 from psrt.errors import ArgumentParser, PsrtError
+from psrt.train.data import DATASETS
 from psrt.train.models import MODELS
 
-OPTIMIZERS = ("sgd", "adam")
-DEFAULT_LR = {"sgd": 0.1, "adam": 3e-3}
+# Fields that are options of the data-parallel strategies (psrt.dp: each strategy's Options).
+STRATEGY_FLAGS = ("algorithm", "bucket_mb", "overlap", "compress", "servers", "staleness")
 
 
-def opt(default, help: str, group: str, choices=None, metavar=None):
+def opt(default, help: str, group: str, choices=None, metavar=None, flag=None):
+    """A field with its command-line help; `flag` when the flag is not --field-name."""
     return field(default=default, metadata={"help": help, "group": group, "choices": choices,
-                                            "metavar": metavar})
+                                            "metavar": metavar, "flag": flag})
 
 
 @dataclass
@@ -70,9 +71,9 @@ class TrainConfig:
     weight_decay: float = opt(0.0, "L2 weight decay", "training", metavar="WD")
     accum: int = opt(1, "micro-batches per step on each worker (gradient accumulation)", "training", metavar="K")
     seed: int = opt(0, "seed for initialisation and sample order", "training", metavar="N")
-    timeout: float | None = opt(None, "seconds a collective may wait (or a rank stay silent) before the "
+    timeout_s: float | None = opt(None, "seconds a collective may wait (or a rank stay silent) before the "
                                 "watchdog names the stuck ranks and ends the job (default: PSRT_TIMEOUT, "
-                                "else 300)", "training", metavar="S")
+                                "else 300)", "training", metavar="S", flag="--timeout")
     # --- output
     metrics: str | None = opt(None, "write JSONL metrics here: one line per step and a summary", "output", metavar="FILE")
     save: str | None = opt(None, "save the final parameters (a state_dict) here", "output", metavar="FILE")
@@ -101,8 +102,8 @@ class TrainConfig:
         for name in non_negative + ("servers",):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise PsrtError(f"{flag(name)} {getattr(self, name)}: must not be negative", everywhere=True)
-        if self.timeout is not None and not self.timeout > 0:
-            raise PsrtError(f"--timeout {self.timeout}: must be a positive number of seconds", everywhere=True)
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise PsrtError(f"--timeout {self.timeout_s}: must be a positive number of seconds", everywhere=True)
         if self.bucket_mb <= 0:
             raise PsrtError(f"--bucket-mb {self.bucket_mb}: must be positive", everywhere=True)
         if self.lr is None:
@@ -130,6 +131,10 @@ class TrainConfig:
         stem, dot, ext = path.rpartition(".")
         return f"{stem}.{dp}.{ext}" if dot and "/" not in ext else f"{path}.{dp}"
 
+    def given(self, name: str) -> bool:
+        """Whether field `name` differs from its default (the user set it)."""
+        return getattr(self, name) != _DEFAULTS[name]
+
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name, _ in _fields()}
 
@@ -138,8 +143,14 @@ def _fields():
     return [(f.name, f) for f in dataclasses.fields(TrainConfig)]
 
 
+_DEFAULTS = {name: f.default for name, f in _fields()}
+_FLAGS = {name: f.metadata["flag"] for name, f in _fields() if f.metadata["flag"]}
+
+
 def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    """The command-line flag of field `name`."""
+    meta = _FLAGS.get(name)
+    return meta or "--" + name.replace("_", "-")
 
 
 def _base_type(hint):

@@ -10,7 +10,7 @@ batch's target tokens, and the gradients are summed (not averaged) over dp, so a
 computes the gradient of the global batch's mean loss exactly, for any batch size, dp
 degree or micro-batch count (tests/mpi/test_hybrid.py checks it against one process).
 
-    grid = Grid.build(world, pp=2, tp=2)                     # dp inferred
+    grid = Grid.build(world.comm, pp=2, tp=2)                     # dp inferred
     trainer = HybridTrainer(grid, HybridConfig(layers=4, microbatches=4))
     for x, y in batches:                                     # global batches, same on every rank
         stats = trainer.step(x, y)                           # stats.loss: global mean loss
@@ -23,11 +23,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from psrt.collectives.layout import shard_range
 from psrt.dp.base import StepStats as DPStepStats
-from psrt.errors import PsrtError
+from psrt.dp.common import copy_back, flatten, optimizer_factory
+from psrt.errors import PsrtError, make_options
 from psrt.grid import Grid
-from psrt.pp import PipelineRuntime, build_stages, make, split_batch
-from psrt.tp.comm import shard_range
+from psrt.pp import PipelineRuntime, build_stages, make_schedule, split_batch
 from psrt.tp.model import loss_fn, shard_dense, shard_specs
 
 
@@ -42,7 +43,7 @@ class HybridConfig:
     balanced by parameter count).  dp_algorithm: psrt allreduce algorithm for the
     gradients over the dp axis ('ring', 'ps', 'native', 'auto', ...).
     optimizer: 'sgd' (with momentum) or 'adam'.  seed: initialisation of the dense model.
-    timeout_s: how long a pipeline receive waits before it raises.
+    timeout_s: how long a pipeline receive waits before it raises (default PSRT_TIMEOUT).
     """
 
     vocab: int = 256
@@ -59,7 +60,7 @@ class HybridConfig:
     lr: float = 0.1
     momentum: float = 0.9
     seed: int = 0
-    timeout_s: float = 300.0
+    timeout_s: float | None = None
 
     @classmethod
     def for_model(cls, model: nn.Module, **options) -> "HybridConfig":
@@ -72,7 +73,13 @@ class HybridConfig:
         except (AttributeError, IndexError, TypeError):
             raise PsrtError("--pp/--tp need --model transformer (a psrt.train.models.TransformerLM)",
                             everywhere=True) from None
-        return cls(**shape, **options)
+        return cls.make(**shape, **options)
+
+    @classmethod
+    def make(cls, **options) -> "HybridConfig":
+        """HybridConfig(**options), with an unknown option a one-line PsrtError that lists
+        the accepted ones (not a TypeError from deep inside dataclasses)."""
+        return make_options(cls, options, "HybridConfig")
 
     def check(self, grid: Grid) -> None:
         stages = grid.pp * self.virtual_stages
@@ -115,7 +122,7 @@ class HybridTrainer:
         self.grid, self.cfg = grid, cfg
         model = shard_dense(dense if dense is not None else dense_model(cfg), grid.tp_group)
         blocks = [model.embed, *model.blocks, model.head]
-        self.schedule = make(cfg.schedule, grid.pp, cfg.microbatches, cfg.virtual_stages)
+        self.schedule = make_schedule(cfg.schedule, grid.pp, cfg.microbatches, cfg.virtual_stages)
         stage_ids = self.schedule.stages_of(grid.pp_rank)
         stages = build_stages(blocks, self.schedule.num_stages, stage_ids, cfg.splits)
         self.names = {id(p): n for n, p in model.named_parameters()}
@@ -125,12 +132,8 @@ class HybridTrainer:
         self.runtime = PipelineRuntime(stages, self.schedule, grid.pp_comm,
                                        loss_fn(grid.tp_group, cfg.vocab), device, cfg.timeout_s)
         self.params = list(self.runtime.parameters())
-        if make_optimizer is not None:
-            self.optimizer = make_optimizer(self.params)
-        elif cfg.optimizer == "sgd":
-            self.optimizer = torch.optim.SGD(self.params, lr=cfg.lr, momentum=cfg.momentum)
-        else:
-            self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr)
+        make_optimizer = make_optimizer or optimizer_factory(cfg.optimizer, cfg.lr, cfg.momentum)
+        self.optimizer = make_optimizer(self.params)
         self.device = torch.device(device)
 
     def named_parameters(self):
@@ -170,15 +173,15 @@ class HybridTrainer:
 
     def _allreduce_grads(self) -> int:
         """Sum the gradients over the dp axis in one flat buffer; returns its bytes."""
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        if self.grid.dp == 1 or not grads:
+        if self.grid.dp == 1 or not self.params:
             return 0
-        flat = torch.cat([t.reshape(-1) for t in grads])
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in self.params]
+        flat = flatten(grads)
         self.grid.dp_group.allreduce(flat, op="sum", out=flat, algorithm=self.cfg.dp_algorithm)
-        offset = 0
-        for p, t in zip(self.params, grads):
-            p.grad = flat[offset:offset + t.numel()].view_as(p).clone()
-            offset += t.numel()
+        copy_back(flat, grads)
         return flat.numel() * flat.element_size()
 
     def dense_state_dict(self, root: int = 0) -> dict | None:

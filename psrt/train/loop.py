@@ -1,7 +1,4 @@
-"""`python -m psrt.train`: train a model with any data-parallel strategy over MPI ranks.
-
-    mpirun -np 8 python -m psrt.train                      # ring all-reduce, MLP on digits
-    mpirun -np 4 python -m psrt.train --dp ps,ring         # both in turn, compared side by side
+"""The training loop of `python -m psrt.train` (its entry point is psrt/train/__main__.py).
 
 The loop is the same for every strategy: each worker takes its slice of the global batch
 (data.ShardedSampler), hands its micro-batches to `strategy.step`, and the lead worker
@@ -17,31 +14,52 @@ import time
 import torch
 
 import psrt
-from psrt import faults
+from psrt.dp import STRATEGIES, strategy_class
+from psrt.dp.base import StepStats, option_names
+from psrt.dp.common import optimizer_factory
+from psrt.errors import PsrtError, make_options
+from psrt.grid import Grid
 from psrt.train import checkpoint, report
-from psrt.train.config import TrainConfig, parse_args
-from psrt.train.data import ShardedSampler, load
-from psrt.dp import strategy_class
-from psrt.dp.base import StepStats
-from psrt.errors import PsrtError, cli_main
+from psrt.train.config import STRATEGY_FLAGS, TrainConfig, flag
+from psrt.train.data import ShardedSampler
+from psrt.train.hybrid import HybridConfig, HybridTrainer
 from psrt.train.models import build_model, loss_and_correct
-from psrt.train.hybrid_loop import train_hybrid
 from psrt.watchdog import Watchdog
 
 
-def make_optimizer_factory(cfg: TrainConfig):
-    def make(params):
-        if cfg.optimizer == "adam":
-            return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    return make
+def make_optimizer(cfg: TrainConfig):
+    return optimizer_factory(cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay)
 
 
-def strategy_options(cfg: TrainConfig) -> dict:
-    """Every strategy option; those left unset are left out so each strategy's default holds."""
-    options = {"bucket_mb": cfg.bucket_mb, "overlap": cfg.overlap, "compress": cfg.compress,
-               "algorithm": cfg.algorithm, "servers": cfg.servers, "staleness": cfg.staleness}
-    return {k: v for k, v in options.items() if v is not None}
+def strategy_options(cfg: TrainConfig, dp: str) -> dict:
+    """The options strategy `dp` accepts, from the flags of the same name; those left unset
+    are left out so the strategy's own default holds."""
+    return {k: getattr(cfg, k) for k in option_names(strategy_class(dp)) if getattr(cfg, k, None) is not None}
+
+
+def check_strategies(cfg: TrainConfig) -> None:
+    """Before anything trains: every strategy can be loaded and takes its options, and a
+    strategy flag the user set applies to at least one strategy of --dp (a --servers given
+    to --dp ring alone would otherwise change nothing and say nothing)."""
+    hybrid = cfg.pp * cfg.tp != 1
+    accepted = {"algorithm"} if hybrid else set()
+    for dp in cfg.dp_list:
+        if hybrid:
+            check_hybrid(cfg, dp)
+        else:
+            cls = strategy_class(dp)
+            make_options(cls.Options, strategy_options(cfg, dp), f"--dp {dp}")   # values checked now
+            accepted |= set(option_names(cls))
+    for name in STRATEGY_FLAGS:
+        if cfg.given(name) and name not in accepted:
+            raise PsrtError(f"{flag(name)} does not apply to --dp {cfg.dp}"
+                            f"{' with --pp/--tp' if hybrid else ''}: it is an option of "
+                            f"{', '.join(takers(name)) or 'no strategy'}", everywhere=True)
+
+
+def takers(option: str) -> list[str]:
+    """The strategies that accept `option`."""
+    return [dp for dp in STRATEGIES if option in option_names(strategy_class(dp))]
 
 
 @torch.no_grad()
@@ -87,14 +105,14 @@ class Totals:
 
 def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | None = None) -> dict | None:
     """Train with strategy `dp`; returns the summary row on the lead worker, else None."""
-    if cfg.pp * cfg.tp != 1:   # model parallelism: psrt/train_hybrid.py
-        return train_hybrid(cfg, dp, world, ctl, dataset, make_optimizer_factory(cfg), evaluate, summarize)
-    comm = psrt.Communicator(world.comm, algorithm="auto")
+    if cfg.pp * cfg.tp != 1:   # model parallelism
+        return train_hybrid(cfg, dp, world, ctl, dataset)
+    group = psrt.Communicator(world.comm, algorithm="auto")
     if dog is not None:
-        dog.watch(comm)
+        dog.watch(group)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, dataset, cfg.width, cfg.layers)
-    strategy = strategy_class(dp)(model, make_optimizer_factory(cfg), comm, **strategy_options(cfg))
+    strategy = strategy_class(dp)(model, make_optimizer(cfg), group, **strategy_options(cfg, dp))
     roles = ctl.allgather(strategy.worker_rank)
     lead = roles.index(0)
     is_lead = ctl.rank == lead
@@ -153,7 +171,7 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
             "bytes": sent, "opt": strategy.optimizer_state_bytes(), "steps": totals.steps,
             "loss": totals.loss, "test_loss": test_loss, "test_acc": test_acc, "wall": wall}
     everyone = ctl.gather(mine, root=lead)
-    comm.close()
+    group.close()
     row = None
     if is_lead:
         if cfg.save:
@@ -180,38 +198,71 @@ def set_threads(world) -> None:
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world.local_size))
 
+# ------------------------------------------------------------------ --pp / --tp
+# The transformer cut into pipeline stages, tensor-parallel inside each stage, data parallel
+# over the remaining ranks (psrt.train.hybrid).  Every rank sees the same global batch from
+# the sampler; the trainer slices it by data-parallel rank and micro-batch, weighting each by
+# its share of the global batch, so the gradients are those of the global mean loss whatever
+# the grid (tested against one process).
 
-@cli_main("psrt.train")
-def main(argv=None) -> int:
-    cfg = parse_args(argv)
-    check_paths(cfg)
-    world = psrt.init()
-    faults.install("psrt.train")
-    set_threads(world)
-    ctl = world.comm.Dup()     # the loop's own messages never match a strategy's
-    dataset = load(cfg.data, cfg.seq_len)
-    # A stuck collective or a silent rank ends the job with a report instead of a hang.
-    dog = Watchdog(world, timeout=cfg.timeout).start()
-    mine = {}
-    for dp in cfg.dp_list:
-        row = train_one(cfg, dp, world, ctl, dataset, dog)
-        if row is not None:
-            mine[dp] = row
-    # Each strategy's lead worker holds its row (a server may be rank 0): collect them.
-    found = ctl.gather(mine, root=0)
-    if ctl.rank == 0:
-        rows = [next(f[dp] for f in found if dp in f) for dp in cfg.dp_list]
-        print(f"\n{cfg.model} on {cfg.data}: global batch {cfg.batch_size}, {world.size} "
-              f"rank{'s' * (world.size != 1)}, "
-              f"{cfg.optimizer} lr {cfg.lr:g}")
-        print(report.table(rows))
-        if not cfg.quiet:
-            print(report.LEGEND)
-        sys.stdout.flush()
-    dog.stop()
-    ctl.Free()
-    return 0
+# --dp names the reducer over the dp axis; these are the ones a hybrid run can use.
+HYBRID_DP = {"ring": "ring", "ps": "ps", "native": "native", "torch": "torch"}
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def check_hybrid(cfg: TrainConfig, dp: str) -> None:
+    if cfg.model != "transformer":
+        raise PsrtError(f"--pp {cfg.pp} --tp {cfg.tp}: model parallelism splits the transformer; "
+                        f"use --model transformer (got --model {cfg.model})", everywhere=True)
+    if dp not in HYBRID_DP:
+        raise PsrtError(f"--dp {dp} with --pp/--tp: the data-parallel axis of a hybrid run reduces "
+                        f"with one of {', '.join(HYBRID_DP)}", everywhere=True)
+    if cfg.resume or cfg.checkpoint:
+        raise PsrtError("--checkpoint/--resume are not available with --pp/--tp", everywhere=True)
+
+
+def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset) -> dict | None:
+    """Train with a DP x PP x TP grid; returns the summary row on grid rank 0, else None."""
+    check_hybrid(cfg, dp)
+    grid = Grid.build(world.comm, pp=cfg.pp, tp=cfg.tp)
+    torch.manual_seed(cfg.seed)
+    model = build_model("transformer", dataset, cfg.width, cfg.layers)
+    hcfg = HybridConfig.for_model(model, schedule="1f1b", microbatches=cfg.accum,
+                                  dp_algorithm=cfg.algorithm or HYBRID_DP[dp])
+    trainer = HybridTrainer(grid, hcfg, dense=model, make_optimizer=make_optimizer(cfg))
+    sampler = ShardedSampler(len(dataset), cfg.batch_size, grid.dp, grid.dp_rank, cfg.accum, cfg.seed)
+    total = cfg.steps or cfg.epochs * sampler.steps_per_epoch
+    lead = world.rank == 0
+    label = f"{dp} dp{grid.dp}xpp{grid.pp}xtp{grid.tp}"
+    progress = report.Progress(total, label, enabled=lead and not cfg.quiet)
+    metrics = report.Metrics(cfg.path_for(cfg.metrics, dp) if lead else None)
+    compute = comm = 0.0
+    sent, loss = 0, float("nan")
+    ctl.Barrier()
+    t0 = time.perf_counter()
+    for step in range(total):
+        idx = sampler.global_indices(step)
+        stats = trainer.step(dataset.train_x[idx], dataset.train_y[idx])
+        compute, comm, sent, loss = compute + stats.compute_s, comm + stats.comm_s, sent + stats.bytes_sent, stats.loss
+        if lead:
+            metrics.write({"dp": dp, "pp": grid.pp, "tp": grid.tp, "step": step + 1,
+                           "loss": report.finite(stats.loss), "compute_s": stats.compute_s,
+                           "comm_s": stats.comm_s, "bytes_sent": stats.bytes_sent,
+                           "bubble": stats.extra.get("bubble"), "time_s": time.perf_counter() - t0})
+            progress.update(step + 1, f"loss {stats.loss:.4f}")
+    wall = time.perf_counter() - t0
+    state = trainer.dense_state_dict()          # the whole model on grid rank 0
+    mine = {"worker": True, "compute_s": compute, "comm_s": comm, "bytes": sent, "opt": 0,
+            "steps": total, "loss": float(loss), "test_loss": None, "test_acc": None, "wall": wall}
+    everyone = ctl.gather(mine, root=0)
+    grid.free()
+    if not lead:
+        metrics.close()
+        return None
+    model.load_state_dict(state)
+    mine["test_loss"], mine["test_acc"] = evaluate(model, dataset)
+    if cfg.save:
+        checkpoint.atomic_save(model.state_dict(), cfg.path_for(cfg.save, dp))
+    row = summarize(f"{dp} pp{grid.pp} tp{grid.tp}", everyone, mine, cfg.batch_size)
+    metrics.write(dict({"summary": True}, **{k: report.finite(v) for k, v in row.items()}))
+    metrics.close()
+    return row

@@ -11,12 +11,13 @@ import sys
 import time
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
+def fmt_bytes(n: float) -> str:
+    """4 B, 64 KiB, 1.5 MiB: binary units, a decimal only where the value needs one."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            v = n / size
+            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.1f} {unit}"
+    return f"{n:.0f} B"
 
 
 class Progress:
@@ -73,38 +74,50 @@ def finite(x: float):
     return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x
 
 
-COLUMNS = [  # (heading, key, format)
-    ("strategy", "dp", "{}"),
-    ("workers", "workers", "{}"),
-    ("steps", "steps", "{}"),
-    ("train loss", "train_loss", "{:.4f}"),
-    ("test loss", "test_loss", "{:.4f}"),
-    ("test acc", "test_acc", "{:.1%}"),
-    ("samples/s", "samples_per_s", "{:.0f}"),
-    ("compute s", "compute_s", "{:.2f}"),
-    ("comm s", "comm_s", "{:.2f}"),
-    ("sent/rank", "bytes_per_rank", "human"),
-    ("max sent", "bytes_max_rank", "human"),
-    ("opt state/rank", "opt_state_bytes", "human"),
+# The summary table's columns: (key, heading, format spec[, scale]); the spec "bytes" prints
+# a byte count with fmt_bytes, "" prints the value as it is.
+COLUMNS = [
+    ("dp", "strategy", ""),
+    ("workers", "workers", "d"),
+    ("steps", "steps", "d"),
+    ("train_loss", "train loss", ".4f"),
+    ("test_loss", "test loss", ".4f"),
+    ("test_acc", "test acc", ".1%"),
+    ("samples_per_s", "samples/s", ".0f"),
+    ("compute_s", "compute s", ".2f"),
+    ("comm_s", "comm s", ".2f"),
+    ("bytes_per_rank", "sent/rank", "bytes"),
+    ("bytes_max_rank", "max sent", "bytes"),
+    ("opt_state_bytes", "opt state/rank", "bytes"),
 ]
 
 
-def _cell(value, fmt: str) -> str:
+def _cell(value, spec: str, scale: float = 1) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
-    return human_bytes(value) if fmt == "human" else fmt.format(value)
+    if spec == "bytes":
+        return fmt_bytes(value)
+    return format(value * scale, spec) if spec else str(value)
 
 
-def table(rows: list[dict]) -> str:
-    """The summary table: one row per strategy, columns as COLUMNS."""
-    cells = [[h for h, _, _ in COLUMNS]] + [[_cell(r.get(k), f) for _, k, f in COLUMNS] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
-    lines = []
-    for j, row in enumerate(cells):
-        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
-        if j == 0:
-            lines.append("  ".join("-" * w for w in widths))
+def format_table(rows: list[dict], columns: list[tuple], markdown: bool = False) -> str:
+    """The one table printer of psrt: rows as aligned text (first column left, the rest
+    right) or as a Markdown table.  columns are (key, heading, format spec[, scale])."""
+    cells = [[c[1] for c in columns]] + [[_cell(r.get(c[0]), *c[2:]) for c in columns] for r in rows]
+    if markdown:
+        lines = ["| " + " | ".join(row) + " |" for row in cells]
+        lines.insert(1, "|" + "---|" * len(columns))
+        return "\n".join(lines) + "\n"
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+             for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def summary_table(rows: list[dict]) -> str:
+    """The summary of `python -m psrt.train`: one row per strategy, columns as COLUMNS."""
+    return format_table(rows, COLUMNS)
 
 
 LEGEND = """\

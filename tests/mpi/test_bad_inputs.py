@@ -15,7 +15,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from conftest import ROOT, mpirun_argv
 
 TRAIN = ["-m", "psrt.train", "--steps", "1", "--quiet", "--data", "synthetic", "--width", "8"]

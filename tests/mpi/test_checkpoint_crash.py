@@ -18,7 +18,6 @@ import uuid
 
 import pytest
 import torch
-
 from conftest import MPI_SCRIPTS, ROOT, mpirun_argv
 
 pytestmark = pytest.mark.mpi

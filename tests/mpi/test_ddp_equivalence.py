@@ -22,7 +22,6 @@ import sys
 from collections import defaultdict
 
 import pytest
-
 from conftest import MPI_SCRIPTS, ROOT, RankRun, mpirun_argv
 
 STRATEGIES = ("ring", "native", "torch", "zero")

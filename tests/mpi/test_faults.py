@@ -16,7 +16,6 @@ import time
 import uuid
 
 import pytest
-
 from conftest import MPI_SCRIPTS, ROOT, RankRun, mpirun_argv
 
 pytestmark = pytest.mark.mpi

@@ -2,7 +2,6 @@
 4 ranks under MPI (tests/mpi/ranks/grid_layout.py; the pytest process itself never joins MPI)."""
 import itertools
 
-
 from psrt.grid import coords_of, rank_of
 
 

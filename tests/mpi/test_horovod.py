@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 
-
 ROOT = Path(__file__).resolve().parents[2]
 MPI_SCRIPTS = ROOT / "tests" / "mpi" / "ranks"
 SKIP_REASON = "horovod is not installed: run scripts/install_horovod.sh"

@@ -19,7 +19,6 @@ import sys
 from collections import defaultdict
 
 import pytest
-
 from conftest import MPI_SCRIPTS, ROOT, RankRun, mpirun_argv
 
 RTOL, ATOL = 1e-5, 1e-6

@@ -5,7 +5,6 @@ so the run really is asynchronous), s = 0 stays in lockstep, and training with s
 from __future__ import annotations
 
 import pytest
-
 from test_ps import launch
 
 S = 2

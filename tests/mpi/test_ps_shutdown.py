@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
-
 from test_ps import launch
 
 STEPS = [1, 4, 2, 3]

@@ -8,7 +8,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import ROOT, RankRun, mpirun_argv
 
 

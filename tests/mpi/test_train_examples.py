@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, RankRun, mpirun_argv
 from test_train_cli import env
 

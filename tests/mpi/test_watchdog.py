@@ -20,13 +20,3 @@ def test_stall_is_reported_and_aborts(run_ranks, slow):
     for r in waiting:
         assert f"rank {r} (" in err and "waiting in allreduce call #2" in err
     assert elapsed < 60, elapsed    # the sleeping rank would hold the job for 60 s
-
-
-def test_timeout_from_env_is_validated(monkeypatch):
-    from psrt.errors import PsrtError
-    from psrt.watchdog import timeout_from_env
-    monkeypatch.setenv("PSRT_TIMEOUT", "12.5")
-    assert timeout_from_env() == 12.5
-    monkeypatch.setenv("PSRT_TIMEOUT", "-3")
-    with pytest.raises(PsrtError, match="PSRT_TIMEOUT"):
-        timeout_from_env()

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from psrt.launch import cluster as C
 from psrt.errors import PsrtError
+from psrt.launch import cluster as C
 from psrt.launch.hostfile import parse_hosts
 from psrt.launch.plan import Request, plan_mpirun
 

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from psrt.train.data import ShardedSampler, digits, load, synthetic, text
 from psrt.errors import PsrtError
+from psrt.train.data import ShardedSampler, digits, load, synthetic, text
 
 
 @pytest.mark.parametrize("size,batch,workers,accum", [(100, 12, 3, 2), (97, 8, 4, 1), (64, 64, 1, 4)])

@@ -11,21 +11,19 @@ from psrt.bench.collectives import algorithms_for
 from psrt.dp.horovod import INSTALL_HINT, HorovodStrategy
 from psrt.errors import PsrtError
 
-
-
 # ------------------------------------------------------------------ without horovod or MPI
 
 def test_missing_horovod_is_one_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "horovod", None)       # `import horovod.torch` -> ImportError
     monkeypatch.setitem(sys.modules, "horovod.torch", None)
     with pytest.raises(PsrtError) as err:
-        HorovodStrategy(torch.nn.Linear(2, 2), lambda p: torch.optim.SGD(p, lr=0.1), comm=None)
+        HorovodStrategy(torch.nn.Linear(2, 2), lambda p: torch.optim.SGD(p, lr=0.1), group=None)
     assert str(err.value).startswith(INSTALL_HINT) and "\n" not in str(err.value)
 
 
 def test_unsupported_compression_is_refused():
     with pytest.raises(PsrtError, match=r"--compress 'bf16': horovod offers none, fp16"):
-        HorovodStrategy(torch.nn.Linear(2, 2), lambda p: torch.optim.SGD(p, lr=0.1), comm=None, compress="bf16")
+        HorovodStrategy(torch.nn.Linear(2, 2), lambda p: torch.optim.SGD(p, lr=0.1), group=None, compress="bf16")
 
 
 def test_bench_offers_horovod_for_allreduce_only():
@@ -38,8 +36,5 @@ def test_bench_offers_horovod_for_allreduce_only():
 
 
 # ------------------------------------------------------------------ under horovodrun
-
-
-
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from psrt.dp.ps import ParameterServer
+from psrt.dp.ps import ParameterServer, PSOptions
 from psrt.dp.ps_protocol import (FlatParams, FlatShard, ModelShard, Wire, average_in_order,
                                  check_staleness, shard_ranges)
-from psrt.dp.ps_sharded import ShardedParameterServer
+from psrt.dp.ps_sharded import ShardedParameterServer, ShardedPSOptions
 from psrt.errors import PsrtError
 
 
@@ -102,33 +102,39 @@ def test_model_shard_steps_the_models_own_parameters():
     assert torch.equal(after, out)
 
 
+def _ps(size, **options):
+    return ParameterServer._layout(None, size, PSOptions(**options))
+
+
+def _sh(size, **options):
+    return ShardedParameterServer._layout(None, size, ShardedPSOptions(**options))
+
+
 def test_layouts():
-    ps = ParameterServer._layout
-    assert ps(None, 4, {}) == ([0], [0, 1, 2, 3])
-    assert ps(None, 4, {"servers": 0}) == ([0], [0, 1, 2, 3])
-    assert ps(None, 4, {"servers": 1}) == ([3], [0, 1, 2])
-    sh = ShardedParameterServer._layout
-    assert sh(None, 4, {}) == ([0, 1, 2, 3], [0, 1, 2, 3])
-    assert sh(None, 4, {"shards": 2}) == ([0, 1], [0, 1, 2, 3])
-    assert sh(None, 4, {"servers": 2}) == ([2, 3], [0, 1])
+    assert _ps(4) == ([0], [0, 1, 2, 3])
+    assert _ps(4, servers=0) == ([0], [0, 1, 2, 3])
+    assert _ps(4, servers=1) == ([3], [0, 1, 2])
+    assert _sh(4) == ([0, 1, 2, 3], [0, 1, 2, 3])
+    assert _sh(4, shards=2) == ([0, 1], [0, 1, 2, 3])
+    assert _sh(4, servers=2) == ([2, 3], [0, 1])
 
 
 @pytest.mark.parametrize("layout,size,options,message", [
-    (ParameterServer._layout, 4, {"servers": 2}, "use --dp ps-sharded"),
-    (ParameterServer._layout, 1, {"servers": 1}, "needs at least 2 ranks"),
-    (ShardedParameterServer._layout, 4, {"servers": 4}, "leaves no worker among 4 ranks"),
-    (ShardedParameterServer._layout, 4, {"shards": 5}, "between 1 and the number of ranks"),
-    (ShardedParameterServer._layout, 4, {"servers": 2, "shards": 3}, "drop shards=3"),
+    (_ps, 4, {"servers": 2}, "use --dp ps-sharded"),
+    (_ps, 1, {"servers": 1}, "needs at least 2 ranks"),
+    (_sh, 4, {"servers": 4}, "leaves no worker among 4 ranks"),
+    (_sh, 4, {"shards": 5}, "between 1 and the number of ranks"),
+    (_sh, 4, {"servers": 2, "shards": 3}, "drop shards=3"),
 ])
 def test_bad_layouts_are_one_line_errors(layout, size, options, message):
     with pytest.raises(PsrtError, match=message) as err:
-        layout(None, size, options)
+        layout(size, **options)
     assert err.value.everywhere and "\n" not in str(err.value)
 
 
 def test_sync_strategies_refuse_staleness():
-    check_staleness({"staleness": 0}, "ps")
-    check_staleness({"staleness": None}, "ps")
+    check_staleness(0, "ps")
+    check_staleness(None, "ps")
     with pytest.raises(PsrtError, match="needs --dp ps-async"):
-        check_staleness({"staleness": 2}, "ps-sharded")
+        check_staleness(2, "ps-sharded")
 

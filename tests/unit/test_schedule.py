@@ -30,13 +30,13 @@ def test_action_string_form_round_trips():
 @pytest.mark.parametrize("name,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 3)])
 def test_every_schedule_is_valid_for_many_sizes(name, v):
     for p, m in itertools.product(range(1, 7), range(1, 14)):
-        s = S.make(name, p, m, v)          # make() validates (completeness + deadlock simulation)
+        s = S.make_schedule(name, p, m, v)          # make_schedule() validates (completeness + deadlock simulation)
         assert s.num_stages == p * v and len(s.actions) == p
         assert sum(len(a) for a in s.actions) == 2 * p * v * m
 
 
 def test_gpipe_table():
-    assert S.table(S.make("gpipe", 3, 3)) == "\n".join([
+    assert S.table(S.make_schedule("gpipe", 3, 3)) == "\n".join([
         "time     0   1   2   3   4   5   6   7   8   9",
         "rank 0 0F0 0F1 0F2   .   .   .   . 0B0 0B1 0B2",
         "rank 1   . 1F0 1F1 1F2   .   . 1B0 1B1 1B2   .",
@@ -45,11 +45,11 @@ def test_gpipe_table():
 
 
 def test_1f1b_actions_and_memory():
-    s = S.make("1f1b", 4, 6)
+    s = S.make_schedule("1f1b", 4, 6)
     assert " ".join(map(str, s.actions[0])) == "0F0 0F1 0F2 0F3 0B0 0F4 0B1 0F5 0B2 0B3 0B4 0B5"
     assert " ".join(map(str, s.actions[3])) == "3F0 3B0 3F1 3B1 3F2 3B2 3F3 3B3 3F4 3B4 3F5 3B5"
     for p, m in itertools.product(range(1, 6), range(1, 10)):
-        one, gp = S.make("1f1b", p, m), S.make("gpipe", p, m)
+        one, gp = S.make_schedule("1f1b", p, m), S.make_schedule("gpipe", p, m)
         for r in range(p):
             # 1F1B holds at most p - r micro-batches on rank r; GPipe holds all m.
             assert in_flight(one.actions[r]) == min(p - r, m)
@@ -60,24 +60,24 @@ def test_1f1b_actions_and_memory():
 def test_simulated_bubble_matches_theory(p, m):
     # Backward twice the forward, as in the papers' analyses; the theory holds for any ratio.
     want = (p - 1) / (m + p - 1)
-    assert S.bubble_fraction(S.make("gpipe", p, m)) == pytest.approx(want)
-    assert S.bubble_fraction(S.make("1f1b", p, m)) == pytest.approx(want)
+    assert S.bubble_fraction(S.make_schedule("gpipe", p, m)) == pytest.approx(want)
+    assert S.bubble_fraction(S.make_schedule("1f1b", p, m)) == pytest.approx(want)
     for v in (2, 3):   # Narayanan et al. 2021: bubble / ideal time = (p-1) / (v m)
-        assert S.bubble_fraction(S.make("interleaved", p, m, v)) == pytest.approx((p - 1) / (v * m + p - 1))
+        assert S.bubble_fraction(S.make_schedule("interleaved", p, m, v)) == pytest.approx((p - 1) / (v * m + p - 1))
 
 
 def test_interleaved_places_stages_round_robin_and_orders_chunks():
-    s = S.make("interleaved", 2, 4, 2)
+    s = S.make_schedule("interleaved", 2, 4, 2)
     assert s.stages_of(0) == [0, 2] and s.stages_of(1) == [1, 3] and s.rank_of(3) == 1
     assert " ".join(map(str, s.actions[0][:4])) == "0F0 0F1 2F0 2F1"
     # A short last group (m % p != 0) with 3 chunks deadlocks with Megatron's warm-up alone;
-    # the lengthened warm-up makes it run (make() would raise otherwise).
+    # the lengthened warm-up makes it run (make_schedule() would raise otherwise).
     p, m, v = 4, 5, 3
     megatron = Schedule("interleaved", p, p * v, m, tuple(
         S._interleaved_ranks(p, m, v, r, min(2 * (p - r - 1) + (v - 1) * p, m * v)) for r in range(p)))
     with pytest.raises(PsrtError, match="deadlocks"):
         S.validate(megatron)
-    S.make("interleaved", p, m, v)
+    S.make_schedule("interleaved", p, m, v)
 
 
 def _sched(rows, p=2, m=2, stages=2, name="hand"):
@@ -100,11 +100,11 @@ def test_validator_rejects(rows, msg):
 
 def test_make_rejects_bad_requests():
     with pytest.raises(PsrtError, match="unknown pipeline schedule"):
-        S.make("zigzag", 2, 2)
+        S.make_schedule("zigzag", 2, 2)
     with pytest.raises(PsrtError, match="needs the 'interleaved' schedule"):
-        S.make("1f1b", 2, 2, virtual_stages=2)
+        S.make_schedule("1f1b", 2, 2, virtual_stages=2)
     with pytest.raises(PsrtError, match="at least one"):
-        S.make("gpipe", 2, 0)
+        S.make_schedule("gpipe", 2, 0)
 
 
 def test_balanced_splits_are_optimal():

@@ -3,16 +3,15 @@ import dataclasses
 
 import pytest
 
-from psrt.train.config import TrainConfig, build_parser, parse_args
 from psrt.errors import PsrtError
+from psrt.train.config import TrainConfig, build_parser, flag, parse_args
 
 
 def test_every_field_is_a_flag_with_help():
     parser = build_parser()
     text = parser.format_help()
     for f in dataclasses.fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        assert flag in text, flag
+        assert flag(f.name) in text, flag(f.name)
         assert f.metadata["help"].split()[0] in text
 
 

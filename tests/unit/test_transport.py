@@ -3,11 +3,11 @@ import numpy as np
 import pytest
 import torch
 
-from psrt.collectives.layout import even_counts, offsets
-from psrt.collectives.tuning import Tuning
-from psrt.errors import PsrtError
 from psrt import transport
 from psrt.bench.tune import crossovers
+from psrt.collectives.layout import even_counts, offsets, shard_range
+from psrt.collectives.tuning import Tuning
+from psrt.errors import PsrtError
 
 
 @pytest.mark.parametrize("dtype", transport.SUPPORTED_DTYPES)
@@ -66,7 +66,7 @@ def test_cuda_aware_override(monkeypatch):
     monkeypatch.setenv("PSRT_CUDA_AWARE", "0")
     assert transport.cuda_aware() is False
     monkeypatch.setenv("PSRT_CUDA_AWARE", "yes")
-    with pytest.raises(PsrtError, match="PSRT_CUDA_AWARE must be 0 or 1"):
+    with pytest.raises(PsrtError, match="PSRT_CUDA_AWARE=.yes.: expected 0 or 1"):
         transport.cuda_aware()
 
 
@@ -114,3 +114,9 @@ def test_crossovers_keep_previous_winner_on_ties():
         (4, "doubling", 10), (4, "ring", 30), (64, "doubling", 20), (64, "ring", 20.5),
         (1024, "doubling", 90), (1024, "ring", 40)]]
     assert crossovers(rows) == [(64, "doubling"), (1 << 62, "ring")]
+
+
+@pytest.mark.parametrize("total,parts", [(0, 3), (1, 4), (10, 3), (7, 7), (1000, 8)])
+def test_shard_range_is_one_part_of_even_counts(total, parts):
+    off = offsets(even_counts(total, parts))
+    assert [shard_range(total, parts, i) for i in range(parts)] == list(zip(off, off[1:]))

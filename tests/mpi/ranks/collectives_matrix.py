@@ -60,7 +60,7 @@ def main() -> int:
     n, rank = world.size, world.rank
     if args.torch:
         psrt.init_torch_distributed(world)
-    comm = psrt.Communicator(world)
+    comm = psrt.Communicator(world.comm)
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
     sizes = sorted({0, 1, max(n - 1, 0), 3 * n + 1})
     failures, ran = [], {}

@@ -8,7 +8,7 @@ from psrt.collectives import ALGORITHMS
 
 world = psrt.init()
 torch.cuda.set_device(world.local_rank % torch.cuda.device_count())
-comm = psrt.Communicator(world)
+comm = psrt.Communicator(world.comm)
 failures, checked = [], 0
 for dtype in (torch.float32, torch.bfloat16):
     for numel in (0, 1, 3, 1 << 20):

@@ -28,6 +28,7 @@ from torch import nn
 
 import psrt
 from psrt.dp import strategy_class
+from psrt.dp.base import option_names
 
 
 class Net(nn.Module):
@@ -70,8 +71,10 @@ def run(name: str, args, comm, rank: int) -> list:
     make_opt = make_optimizer_factory(args)
     options = dict(bucket_mb=args.bucket_mb, compress=args.compress, algorithm=args.algorithm,
                    servers=args.servers, staleness=args.staleness, overlap=not args.no_overlap)
-    options = {k: v for k, v in options.items() if v is not None}
-    strategy = strategy_class(name)(model, make_opt, comm, **options)
+    # Each strategy takes only its own options (an unknown one is an error, not ignored).
+    cls = strategy_class(name)
+    options = {k: v for k, v in options.items() if v is not None and k in option_names(cls)}
+    strategy = cls(model, make_opt, comm, **options)
 
     g = torch.Generator().manual_seed(1)
     B = args.batch

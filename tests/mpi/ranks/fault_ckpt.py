@@ -7,7 +7,8 @@ then SIGKILLs every process of the job, so nothing after that checkpoint reaches
 import sys
 import time
 
-from psrt.train import checkpoint, loop as train
+from psrt.train import checkpoint
+from psrt.train import __main__ as train
 
 saves, marker = int(sys.argv[1]), sys.argv[2]
 argv = sys.argv[sys.argv.index("--") + 1:]

@@ -18,7 +18,7 @@ if hook:
     from psrt import faults
     faults.install("fault_rank")
 world = psrt.init()
-comm = psrt.Communicator(world)
+comm = psrt.Communicator(world.comm)
 for _ in range(3):
     comm.allreduce(torch.ones(16))
 if world.rank == bad:

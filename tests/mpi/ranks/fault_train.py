@@ -10,7 +10,7 @@ import signal
 import sys
 import time
 
-from psrt.train import loop as train
+from psrt.train import __main__ as train
 from psrt.dp import STRATEGIES, strategy_class
 
 mode, victim, at, hook = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"

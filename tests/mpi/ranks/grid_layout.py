@@ -23,7 +23,7 @@ def factorisations(n):
 def main():
     world = psrt.init()
     for dp, pp, tp in factorisations(world.size):
-        g = Grid(dp, pp, tp, world)
+        g = Grid(dp, pp, tp, world.comm)
         me = torch.tensor([float(g.rank)])
         rec = {"rank": world.rank, "degrees": [dp, pp, tp], "grid_rank": g.rank,
                "coords": list(g.coords), "ranks": [g.dp_rank, g.pp_rank, g.tp_rank],
@@ -37,14 +37,14 @@ def main():
         print("PSRT-RESULT " + json.dumps(rec), flush=True)
         g.free()
     rec = {"rank": world.rank}
-    for key, make in (("mismatch", lambda: Grid(2, 2, 2, world)),
-                      ("build", lambda: Grid.build(world, pp=3))):
+    for key, make in (("mismatch", lambda: Grid(2, 2, 2, world.comm)),
+                      ("build", lambda: Grid.build(world.comm, pp=3))):
         try:
             make()
             rec[key] = None
         except PsrtError as err:
             rec[key] = str(err)
-    g = Grid.build(world, tp=2)
+    g = Grid.build(world.comm, tp=2)
     rec["inferred"] = [g.dp, g.pp, g.tp]
     g.free()
     print("PSRT-RESULT " + json.dumps(rec), flush=True)

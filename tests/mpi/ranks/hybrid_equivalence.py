@@ -75,7 +75,7 @@ def main():
     ap.add_argument("--tp", type=int, default=2)
     args = ap.parse_args()
     world = psrt.init()
-    grid = Grid(args.dp, args.pp, args.tp, world)
+    grid = Grid(args.dp, args.pp, args.tp, world.comm)
     layout = {"coords": grid.coords,
               "tp_members": grid.tp_comm.allgather(grid.rank),
               "dp_members": grid.dp_comm.allgather(grid.rank),

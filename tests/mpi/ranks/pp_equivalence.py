@@ -14,7 +14,7 @@ from torch import nn
 
 import psrt
 from psrt.errors import PsrtError
-from psrt.pp import PipelineRuntime, build_stages, make, split_batch
+from psrt.pp import PipelineRuntime, build_stages, make_schedule, split_batch
 
 WIDTHS = [6, 16, 12, 20, 10, 14, 8, 12, 5]   # 8 blocks; 5 classes
 RTOL, ATOL = 1e-5, 4e-5
@@ -35,7 +35,7 @@ def case(comm, name: str, m: int, v: int, seed: int) -> dict:
     whole = nn.Sequential(*copy.deepcopy(ref))
     loss_ref = nn.functional.cross_entropy(whole(x), y)
     loss_ref.backward()
-    sched = make(name, p, m, v)
+    sched = make_schedule(name, p, m, v)
     mine = copy.deepcopy(ref)
     stages = build_stages(mine, sched.num_stages, sched.stages_of(r))
     rt = PipelineRuntime(stages, sched, comm, nn.functional.cross_entropy, timeout_s=60)
@@ -65,7 +65,7 @@ def hang_check(world) -> str:
     pair = world.comm.Split(color=world.rank // 2, key=world.rank)
     msg = ""
     if pair.Get_rank() == 0:
-        sched = make("gpipe", 2, 2)
+        sched = make_schedule("gpipe", 2, 2)
         stages = build_stages(blocks(0), 2, [0])
         rt = PipelineRuntime(stages, sched, pair, nn.functional.cross_entropy, timeout_s=1.5)
         x = torch.randn(4, WIDTHS[0])

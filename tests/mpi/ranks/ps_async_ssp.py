@@ -75,7 +75,7 @@ def main() -> None:
     args = ap.parse_args()
     world = psrt.init()
     torch.set_num_threads(1)
-    comm = psrt.Communicator(world)
+    comm = psrt.Communicator(world.comm)
     out = Results(world.comm)
     for s in (0, args.staleness):
         phase_clocks(comm, out, s, args.steps, args.slow)

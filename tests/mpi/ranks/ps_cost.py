@@ -25,7 +25,7 @@ def main() -> None:
     args = ap.parse_args()
     world = psrt.init()
     torch.set_num_threads(1)
-    comm = psrt.Communicator(world)
+    comm = psrt.Communicator(world.comm)
     out = Results(world.comm)
     width = max(1, args.params // 1000)
     for dp, options in LAYOUTS:

@@ -21,7 +21,7 @@ LAYOUTS = [("ps", {}), ("ps", {"servers": 1}), ("ps-sharded", {}), ("ps-sharded"
 def main() -> None:
     world = psrt.init()
     torch.set_num_threads(1)
-    comm = psrt.Communicator(world)
+    comm = psrt.Communicator(world.comm)
     out = Results(world.comm)
     for dp, options in LAYOUTS:
         model = make_model()

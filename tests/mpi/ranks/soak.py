@@ -19,7 +19,7 @@ from psrt.collectives import ALGORITHMS
 
 ops_max, seconds = int(sys.argv[1]), float(sys.argv[2])
 world = psrt.init()
-comm = psrt.Communicator(world)
+comm = psrt.Communicator(world.comm)
 control = world.comm.Dup()   # the stop vote must not share a communicator with in-flight ops
 r, n = world.rank, world.size
 rng = np.random.default_rng(2024)          # same stream on every rank

@@ -12,8 +12,8 @@ from psrt.watchdog import Watchdog
 
 slow, timeout = int(sys.argv[1]), float(sys.argv[2])
 world = psrt.init()
-comm = psrt.Communicator(world)
-dog = Watchdog(world, [comm], timeout=timeout, interval=0.25).start()
+comm = psrt.Communicator(world.comm)
+dog = Watchdog(world, [comm], timeout_s=timeout, interval=0.25).start()
 comm.allreduce(torch.ones(4))          # call #1: everyone gets here
 dog.step(1)
 if world.rank == slow:

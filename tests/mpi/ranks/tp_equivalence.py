@@ -15,9 +15,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import psrt
+from psrt.collectives.layout import shard_range
 from psrt.train.models import TransformerLM
 from psrt.tp import (ColumnParallelLinear, CountingGroup, ParallelAttention, RowParallelLinear,
-                     VocabParallelEmbedding, shard_dense, shard_range, shard_specs, take,
+                     VocabParallelEmbedding, shard_dense, shard_specs, take,
                      vocab_parallel_cross_entropy)
 from psrt.tp.attention import head_rows
 

@@ -1,0 +1,88 @@
+"""What several data-parallel strategies share: the flat view of a list of tensors, rank 0's
+model on every rank, the dtypes gradients may travel in, and the optimizer they are given."""
+from __future__ import annotations
+
+from typing import Callable, Iterable, Sequence
+
+import torch
+
+# --compress: the dtype gradients travel in (None: their own).
+COMPRESS = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+OPTIMIZERS = ("sgd", "adam")
+DEFAULT_LR = {"sgd": 0.1, "adam": 3e-3}
+
+
+def check_compress(name: str, offered=tuple(COMPRESS), who: str = "psrt") -> None:
+    from psrt.errors import PsrtError
+    if name not in offered:
+        raise PsrtError(f"--compress {name!r}: {who} offers {', '.join(offered)}", everywhere=True)
+
+
+def flatten(tensors: Sequence[torch.Tensor | None], like: Sequence[torch.Tensor] | None = None,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """The tensors laid end to end in one flat tensor (into `out` when given, which may be
+    longer).  A None entry stands for zeros shaped like the matching entry of `like`
+    (a parameter that got no gradient on this rank)."""
+    sizes = [(t if t is not None else like[i]).numel() for i, t in enumerate(tensors)]
+    if out is None:
+        first = next(t if t is not None else like[i] for i, t in enumerate(tensors))
+        out = torch.empty(sum(sizes), dtype=first.dtype, device=first.device)
+    off = 0
+    for t, n in zip(tensors, sizes):
+        if t is None:
+            out[off:off + n].zero_()
+        else:
+            out[off:off + n].copy_(t.detach().reshape(-1))
+        off += n
+    return out
+
+
+@torch.no_grad()
+def copy_back(flat: torch.Tensor, tensors: Iterable[torch.Tensor]) -> None:
+    """The inverse of `flatten`: consecutive slices of `flat` into `tensors`, in place."""
+    off = 0
+    for t in tensors:
+        t.copy_(flat[off:off + t.numel()].view_as(t))
+        off += t.numel()
+
+
+def broadcast_model(model: torch.nn.Module, group, root: int = 0) -> None:
+    """Give every rank root's parameters and buffers (one broadcast per dtype and device)."""
+    if group.size == 1:
+        return
+    by_kind: dict = {}
+    for t in list(model.parameters()) + list(model.buffers()):
+        by_kind.setdefault((t.dtype, t.device), []).append(t)
+    for tensors in by_kind.values():
+        flat = flatten(tensors)
+        group.broadcast(flat, root=root)
+        copy_back(flat, tensors)
+
+
+def join_torch(group, model: torch.nn.Module) -> None:
+    """torch.distributed over the ranks of `group` (the world's), nccl for a CUDA model and
+    gloo otherwise, for the strategies that reduce through it."""
+    from psrt.world import join_torch_distributed
+    join_torch_distributed(group.rank, group.size, "nccl" if next(model.parameters()).is_cuda else "gloo")
+
+
+def optimizer_factory(name: str, lr: float | None = None, momentum: float = 0.0,
+                      weight_decay: float = 0.0) -> Callable[[Iterable], torch.optim.Optimizer]:
+    """`params -> optimizer`, the form every strategy takes (a strategy that shards the
+    optimizer calls it on its shard only): 'sgd' (with momentum) or 'adam'."""
+    from psrt.errors import PsrtError
+    if name not in OPTIMIZERS:
+        raise PsrtError(f"optimizer {name!r}: choose one of {', '.join(OPTIMIZERS)}", everywhere=True)
+    lr = DEFAULT_LR[name] if lr is None else lr
+
+    def make(params):
+        if name == "adam":
+            return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    return make
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of every tensor in `optimizer.state` (what sharding the optimizer divides)."""
+    return sum(v.numel() * v.element_size() for state in optimizer.state.values()
+               for v in state.values() if torch.is_tensor(v))

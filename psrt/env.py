@@ -1,0 +1,129 @@
+"""Every PSRT_* environment variable, in one place: its meaning, default and check.
+
+Library code reads a setting through the accessor below (`timeout_s()`, `check_mode()`, ...),
+never through os.environ, so a bad value is refused with the same one-line message wherever
+it is first used; `check_all()` (called by psrt.init) refuses it at start-up instead.  The
+README's table of variables is `markdown_table()` (a test keeps the two equal).
+
+Only this module and the launcher (which forwards PSRT_* to every rank as they are) look at
+these names.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+from psrt.errors import PsrtError
+
+DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_RING_SEGMENT = 1 << 22     # 4 MiB; why: psrt/collectives/ring.py
+CHECK_MODES = ("all", "cheap", "off")
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise ValueError
+    return value
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError
+    return int(text)
+
+
+def _one_of(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError
+        return text
+    return parse
+
+
+def _flag(text: str) -> bool:
+    return _one_of("0", "1")(text) == "1"
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    parse: Callable[[str], object]
+    expected: str          # what a valid value looks like, for the error message
+    default: object
+    meaning: str
+
+
+VARIABLES = {v.name: v for v in (
+    Variable("PSRT_TIMEOUT", _positive_float, "a positive number of seconds", DEFAULT_TIMEOUT_S,
+             "seconds a collective, a pipeline receive or a parameter-server wait may block before "
+             "it is an error naming the ranks; the watchdog ends a stuck job after as long "
+             "(default 300; `psrt.train --timeout`)"),
+    Variable("PSRT_CHECK", _one_of(*CHECK_MODES), "all, cheap or off", "cheap",
+             "`all` (check every collective call across ranks), `cheap` (first call of each, "
+             "default), `off`"),
+    Variable("PSRT_CUDA_AWARE", _flag, "0 or 1", None,
+             "`1`/`0`: hand CUDA tensors to MPI directly or stage them (default: ask the MPI library)"),
+    Variable("PSRT_TUNING", str, "a file name", None,
+             "a table for `algorithm=\"auto\"` written by `python -m psrt.bench tune`"),
+    Variable("PSRT_RING_SEGMENT", _positive_int, "a positive number of bytes", DEFAULT_RING_SEGMENT,
+             "ring segment size in bytes (default 4 MiB)"),
+    Variable("PSRT_MASTER_ADDR", str, "an address", None,
+             "rank 0's address for torch.distributed when its host name does not resolve to it"),
+    Variable("PSRT_TRACEBACK", _flag, "0 or 1", False,
+             "`1`: print the full traceback before the one-line error"),
+)}
+
+
+def get(name: str, environ=os.environ):
+    """The parsed value of `name`, or its default when unset; a bad value is a PsrtError."""
+    var = VARIABLES[name]
+    text = environ.get(name)
+    if text is None:
+        return var.default
+    try:
+        return var.parse(text)
+    except ValueError:
+        raise PsrtError(f"{name}={text!r}: expected {var.expected}", everywhere=True) from None
+
+
+def check_all(environ=os.environ) -> None:
+    """Refuse every malformed PSRT_* setting now, not when it is first used."""
+    for name in VARIABLES:
+        get(name, environ)
+
+
+def timeout_s() -> float:
+    return get("PSRT_TIMEOUT")
+
+
+def check_mode() -> str:
+    return get("PSRT_CHECK")
+
+
+def cuda_aware() -> bool | None:
+    """True or False when PSRT_CUDA_AWARE says so, None to ask the MPI library."""
+    return get("PSRT_CUDA_AWARE")
+
+
+def tuning_path() -> str | None:
+    return get("PSRT_TUNING")
+
+
+def ring_segment_bytes() -> int:
+    return get("PSRT_RING_SEGMENT")
+
+
+def master_addr() -> str | None:
+    return get("PSRT_MASTER_ADDR")
+
+
+def traceback() -> bool:
+    return get("PSRT_TRACEBACK")
+
+
+def markdown_table() -> str:
+    """The README's table of variables."""
+    rows = [f"| `{v.name}` | {v.meaning} |" for v in VARIABLES.values()]
+    return "\n".join(["| variable | meaning |", "|---|---|"] + rows) + "\n"

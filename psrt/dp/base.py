@@ -107,36 +107,3 @@ class DataParallel(abc.ABC):
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
-
-
-def wire_bytes(collective: str, algorithm: str, nbytes: int, size: int, rank: int) -> int:
-    """Bytes `rank` sends in one `collective` of an `nbytes` buffer over `size` ranks.
-
-    Counted from each algorithm's schedule as psrt/collectives writes it out (the extra
-    fold step of recursive doubling on a non-power-of-two size is left out).  For the MPI
-    library ('native') and gloo ('torch'), whose choice of algorithm is internal, the
-    bandwidth-optimal ring figure is used, which is what both pick for large messages.
-    """
-    n, m = size, nbytes
-    if n == 1 or m == 0:
-        return 0
-    part = m / n
-    if collective in ("reduce_scatter", "allgather"):
-        if algorithm == "ps":   # everything through rank 0 (see psrt/collectives/ps.py)
-            if collective == "reduce_scatter":   # reduce to 0, 0 sends each rank its part
-                return int((n - 1) * part) if rank == 0 else m
-            return (n - 1) * m if rank == 0 else int(part)   # gather to 0, 0 broadcasts
-        return int((n - 1) * part)
-    if collective != "allreduce":
-        raise ValueError(f"wire_bytes: unknown collective {collective!r}")
-    if algorithm == "ps":      # reduce to rank 0, then rank 0 sends the result to each worker
-        return (n - 1) * m if rank == 0 else m
-    if algorithm == "doubling":
-        return (n - 1).bit_length() * m
-    if algorithm == "tree":    # binomial reduce (send once) + broadcast (send to each child)
-        vr, children, mask = rank, 0, 1
-        while mask < n and not vr & mask:
-            children += vr + mask < n
-            mask <<= 1
-        return (m if rank else 0) + children * m
-    return int(2 * (n - 1) * part)   # ring, halving-doubling, native, torch

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from psrt.dp.base import DataParallel, StepStats, wire_bytes
+from psrt.collectives.cost import wire_bytes
+from psrt.dp.base import DataParallel, StepStats
 from psrt.dp.common import COMPRESS, broadcast_model, check_compress, join_torch
 from psrt.errors import PsrtError
 

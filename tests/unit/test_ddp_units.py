@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from psrt.dp.base import optimizer_state_bytes, wire_bytes
+from psrt.collectives.cost import wire_bytes
+from psrt.dp.common import optimizer_state_bytes
 from psrt.dp.ddp import RingDDP, make_buckets
 from psrt.dp.zero import ZeroOptimizer
 

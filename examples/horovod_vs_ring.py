@@ -1,7 +1,7 @@
 """Horovod and psrt's ring all-reduce train the same model, printed side by side.
 
     horovodrun -np 4 python examples/horovod_vs_ring.py
-    mpirun -np 4 python examples/horovod_vs_ring.py --steps 200 --model cnn
+    ./mpi_launch -np 4 python examples/horovod_vs_ring.py --steps 200 --model cnn
 
 Both runs go through the loop `python -m psrt.train` uses (psrt.train.loop.train_one): same seed,
 same initial parameters, same sample order, same global batch; only the strategy that
@@ -14,9 +14,9 @@ import sys
 import psrt
 from psrt.errors import PsrtError, cli_main
 from psrt.train import report
-from psrt.train.config import parse_args
+from psrt.train.config import check_paths, parse_args, plan_batch
 from psrt.train.data import load
-from psrt.train.loop import check_paths, set_threads, train_one
+from psrt.train.loop import check_strategies, set_threads, train_one
 
 STRATEGIES = "horovod,ring"
 
@@ -40,6 +40,8 @@ def main(argv=None) -> int:
     cfg = parse_args(["--dp", STRATEGIES] + argv)
     check_paths(cfg)
     world = psrt.init()
+    plan_batch(cfg, world.size)
+    check_strategies(cfg)
     set_threads(world)
     ctl = world.comm.Dup()
     dataset = load(cfg.data, cfg.seq_len)

@@ -47,6 +47,15 @@ def check_degrees(dp: int, pp: int, tp: int, world_size: int) -> None:
                         f"ranks ({why}; it must equal the number of ranks)", everywhere=True)
 
 
+def infer_dp(size: int, pp: int, tp: int) -> int:
+    """The data-parallel degree that fills `size` ranks with pp x tp; a one-line PsrtError
+    when it is not a whole number (pure: psrt.train checks it before starting anything)."""
+    if pp < 1 or tp < 1 or size % (pp * tp):
+        raise PsrtError(f"process grid pp={pp} x tp={tp} does not divide {size} ranks: "
+                        f"dp = {size} / {pp * tp} is not a whole number", everywhere=True)
+    return size // (pp * tp)
+
+
 @dataclass
 class Grid:
     """This rank's place in the grid and a communicator per axis.
@@ -114,12 +123,7 @@ class Grid:
         """A grid over `comm` with dp inferred (world size / (pp * tp)) when not given."""
         from psrt.collectives.layout import require_mpi_comm
         size = require_mpi_comm(comm, "Grid.build").Get_size()
-        if dp is None:
-            if pp < 1 or tp < 1 or size % (pp * tp):
-                raise PsrtError(f"process grid pp={pp} x tp={tp} does not divide {size} ranks: "
-                                f"dp = {size} / {pp * tp} is not a whole number", everywhere=True)
-            dp = size // (pp * tp)
-        return cls(dp, pp, tp, comm, algorithm)
+        return cls(infer_dp(size, pp, tp) if dp is None else dp, pp, tp, comm, algorithm)
 
     @property
     def is_first_stage(self) -> bool:

@@ -17,6 +17,7 @@ import torch
 from psrt import env
 from psrt.collectives import native, ps, recursive, ring, torch_backend, tree
 from psrt.collectives.executor import Executor, Handle
+from psrt.collectives.algorithms import ALGORITHMS, ALL_ALGORITHMS
 from psrt.collectives.layout import even_counts, offsets, require_mpi_comm
 from psrt.collectives.tuning import Tuning
 from psrt.errors import CollectiveMismatch, PsrtError
@@ -46,11 +47,8 @@ _READS_SOURCE = frozenset({"ring"})
 # dtypes the MPI library reduces itself (no user-defined op), eligible for the lean path
 _MPI_TYPED = frozenset({torch.float32, torch.float64, torch.int32, torch.int64, torch.uint8, torch.int8})
 
-ALGORITHMS = {
-    "allreduce": tuple(_ALLREDUCE), "reduce_scatter": tuple(_REDUCE_SCATTER),
-    "allgather": tuple(_ALLGATHER), "broadcast": tuple(_BROADCAST), "reduce": tuple(_REDUCE),
-}
-ALL_ALGORITHMS = ("auto",) + tuple(dict.fromkeys(a for algos in ALGORITHMS.values() for a in algos))
+_IMPLEMENTATIONS = {"allreduce": _ALLREDUCE, "reduce_scatter": _REDUCE_SCATTER, "allgather": _ALLGATHER,
+                    "broadcast": _BROADCAST, "reduce": _REDUCE}
 
 
 class Communicator:

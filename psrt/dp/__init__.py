@@ -1,7 +1,7 @@
-"""Data-parallel strategies, selected by `--dp NAME`.
+"""Data-parallel strategies, selected by `--dp NAME`, and the names a user may choose.
 
 Entries are import paths so a strategy's module (and its optional dependencies, such as
-horovod) is only imported when it is chosen.
+horovod, and torch) is only imported when it is chosen: a command line is checked first.
 """
 from __future__ import annotations
 
@@ -19,6 +19,12 @@ STRATEGIES = {
     "zero": "psrt.dp.zero:ZeroOptimizer",                    # sharded optimizer state
     "horovod": "psrt.dp.horovod:HorovodStrategy",
 }
+
+
+# --compress: the dtypes gradients may travel in (psrt.dp.common.COMPRESS maps them).
+COMPRESSIONS = ("none", "fp16", "bf16")
+OPTIMIZERS = ("sgd", "adam")
+DEFAULT_LR = {"sgd": 0.1, "adam": 3e-3}
 
 
 def strategy_class(name: str):

@@ -6,10 +6,10 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
+from psrt.dp import COMPRESSIONS, DEFAULT_LR, OPTIMIZERS
+
 # --compress: the dtype gradients travel in (None: their own).
-COMPRESS = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
-OPTIMIZERS = ("sgd", "adam")
-DEFAULT_LR = {"sgd": 0.1, "adam": 3e-3}
+COMPRESS = dict(zip(COMPRESSIONS, (None, torch.float16, torch.bfloat16)))
 
 
 def check_compress(name: str, offered=tuple(COMPRESS), who: str = "psrt") -> None:

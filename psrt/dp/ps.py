@@ -22,6 +22,7 @@ from psrt.dp.common import optimizer_state_bytes
 from psrt.dp.ps_protocol import (TAG_DONE, TAG_PULL, TAG_PUSH, FlatParams, ModelShard, Wire,
                                  average_in_order, broadcast_initial, check_staleness,
                                  local_backward, now, shard_ranges, timeout_option, wait_all)
+from psrt.dp.roles import Layout, ps_layout
 from psrt.errors import PsrtError
 
 
@@ -73,19 +74,9 @@ class ParameterServer(DataParallel):
                                   "update_s": 0.0}
 
     # ------------------------------------------------------------ layout (overridden by ps-sharded)
-    def _layout(self, size: int, options: PSOptions) -> tuple[list[int], list[int]]:
-        """(server ranks, worker ranks), the same on every rank."""
-        servers = options.servers or 0
-        if servers == 0:
-            return [0], list(range(size))
-        if servers != 1:
-            raise PsrtError(f"--dp ps has one server (--servers 0: rank 0 serves and works; 1: a "
-                            f"dedicated last rank), got --servers {servers}: use --dp ps-sharded",
-                            everywhere=True)
-        if size < 2:
-            raise PsrtError("--dp ps --servers 1 needs at least 2 ranks (1 worker + 1 server), "
-                            f"got {size}", everywhere=True)
-        return [size - 1], list(range(size - 1))
+    def _layout(self, size: int, options: PSOptions) -> Layout:
+        """(server ranks, worker ranks), the same on every rank (psrt.dp.roles)."""
+        return ps_layout(size, options.servers)
 
     def _make_holder(self, lo: int, hi: int):
         return ModelShard(self.flat, self.make_optimizer)

@@ -30,6 +30,7 @@ from psrt.dp.common import optimizer_state_bytes
 from psrt.dp.ps_protocol import (TAG_DONE, TAG_FINAL, TAG_PULL, TAG_PUSH, FlatParams, ModelShard,
                                  Wire, average_in_order, broadcast_initial, local_backward, now,
                                  probe_any, timeout_option, wait_all)
+from psrt.dp.roles import async_layout
 from psrt.errors import PsrtError
 
 
@@ -110,21 +111,13 @@ class AsyncParameterServer(DataParallel):
         options = self.options
         parent = group.comm
         self.rank, self.size = parent.Get_rank(), parent.Get_size()
-        servers = options.servers
-        if servers not in (None, 1):
-            raise PsrtError(f"--dp ps-async runs one dedicated server rank: use --servers 1 (or "
-                            f"leave it out), got --servers {servers}", everywhere=True)
-        if self.size < 2:
-            raise PsrtError(f"--dp ps-async needs at least 2 ranks (workers + 1 dedicated server), "
-                            f"got {self.size}", everywhere=True)
+        (self.server_rank,), self.worker_ranks = async_layout(self.size, options.servers)
         staleness = options.staleness or 0
         if int(staleness) != staleness or staleness < 0:
             raise PsrtError(f"--dp ps-async: --staleness must be an integer >= 0, got {staleness}",
                             everywhere=True)
         self.staleness = int(staleness)
         self.timeout_s = timeout_option(options.timeout_s, self.name)
-        self.server_rank = self.size - 1
-        self.worker_ranks = list(range(self.size - 1))
         self.is_worker = self.rank != self.server_rank
         self.flat = FlatParams(model)
         self.pcomm = parent.Dup()                 # private channel for the PS protocol

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from psrt.dp.ps import ParameterServer, PSOptions
 from psrt.dp.ps_protocol import FlatShard
-from psrt.errors import PsrtError
+from psrt.dp.roles import Layout, sharded_layout
 
 
 @dataclass(frozen=True)
@@ -35,25 +35,8 @@ class ShardedParameterServer(ParameterServer):
     name = "ps-sharded"
     Options = ShardedPSOptions
 
-    def _layout(self, size: int, options: ShardedPSOptions) -> tuple[list[int], list[int]]:
-        servers = options.servers or 0
-        shards = options.shards
-        if servers < 0:
-            raise PsrtError(f"--dp ps-sharded: --servers must be >= 0, got {servers}", everywhere=True)
-        if servers > 0:
-            if shards not in (None, servers):
-                raise PsrtError(f"--dp ps-sharded: with {servers} dedicated servers there are "
-                                f"{servers} shards; drop shards={shards}", everywhere=True)
-            if servers >= size:
-                raise PsrtError(f"--dp ps-sharded --servers {servers} leaves no worker among "
-                                f"{size} ranks: use at most {size - 1} dedicated servers",
-                                everywhere=True)
-            return list(range(size - servers, size)), list(range(size - servers))
-        shards = size if shards is None else int(shards)
-        if not 1 <= shards <= size:
-            raise PsrtError(f"--dp ps-sharded: shards must be between 1 and the number of ranks "
-                            f"({size}), got {shards}", everywhere=True)
-        return list(range(shards)), list(range(size))
+    def _layout(self, size: int, options: ShardedPSOptions) -> Layout:
+        return sharded_layout(size, options.servers, options.shards)
 
     def _make_holder(self, lo: int, hi: int):
         return FlatShard(self.flat, lo, hi, self.make_optimizer)

@@ -1,10 +1,12 @@
 """`python -m psrt.train`: train a model with any data-parallel strategy over MPI ranks.
 
-    mpirun -np 8 python -m psrt.train                      # ring all-reduce, MLP on digits
-    mpirun -np 4 python -m psrt.train --dp ps,ring         # both in turn, compared side by side
+    ./mpi_launch -np 8 python -m psrt.train                      # ring all-reduce, MLP on digits
+    ./mpi_launch -np 4 python -m psrt.train --dp ps,ring         # both in turn, compared side by side
 
-Every strategy is checked (and its options) before any of them trains; then each trains in
-turn (psrt/train/loop.py) and rank 0 prints one summary table.  See docs/training.md.
+The command line is checked before any rank imports torch: flags, output paths, the grid and
+the global batch against every strategy's workers.  Then every strategy's options are checked,
+each strategy trains in turn (psrt/train/loop.py) and rank 0 prints one summary table.
+See docs/training.md.
 """
 from __future__ import annotations
 
@@ -14,9 +16,7 @@ import psrt
 from psrt import faults
 from psrt.errors import cli_main
 from psrt.train import report
-from psrt.train.config import parse_args
-from psrt.train.data import load
-from psrt.train.loop import check_paths, check_strategies, set_threads, train_one
+from psrt.train.config import check_paths, parse_args, plan_batch
 from psrt.watchdog import Watchdog
 
 
@@ -24,9 +24,14 @@ from psrt.watchdog import Watchdog
 def main(argv=None) -> int:
     cfg = parse_args(argv)
     check_paths(cfg)
-    check_strategies(cfg)
-    world = psrt.init()
+    world = psrt.init()           # MPI only: nothing so far needs torch
     faults.install("psrt.train")
+    note = plan_batch(cfg, world.size)
+    if note and world.rank == 0 and not cfg.quiet:
+        print(f"psrt.train: {note}", file=sys.stderr, flush=True)
+    from psrt.train.data import load   # torch from here on
+    from psrt.train.loop import check_strategies, set_threads, train_one
+    check_strategies(cfg)
     set_threads(world)
     ctl = world.comm.Dup()     # the loop's own messages never match a strategy's
     dataset = load(cfg.data, cfg.seq_len)

@@ -10,15 +10,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import typing
 from dataclasses import dataclass, field
 
-from psrt.collectives import ALL_ALGORITHMS
-from psrt.dp import STRATEGIES
-from psrt.dp.common import COMPRESS, DEFAULT_LR, OPTIMIZERS
+from psrt.collectives.algorithms import ALL_ALGORITHMS
+from psrt.dp import COMPRESSIONS, DEFAULT_LR, OPTIMIZERS, STRATEGIES
 from psrt.errors import ArgumentParser, PsrtError
-from psrt.train.data import DATASETS
-from psrt.train.models import MODELS
+
+DEFAULT_BATCH = 64
+
+# The models and data sets psrt.train offers (models.py and data.py build them by these names).
+MODELS = ("mlp", "cnn", "transformer")
+DATASETS = ("digits", "text", "synthetic")
 
 # Fields that are options of the data-parallel strategies (psrt.dp: each strategy's Options).
 STRATEGY_FLAGS = ("algorithm", "bucket_mb", "overlap", "compress", "servers", "staleness")
@@ -41,7 +45,7 @@ class TrainConfig:
                            "strategy", metavar="MB")
     overlap: bool = opt(True, "all-reduce each bucket during backward, as soon as it is ready "
                         "(--no-overlap: after backward)", "strategy")
-    compress: str = opt("none", "dtype communicated gradients travel in", "strategy", tuple(COMPRESS))
+    compress: str = opt("none", "dtype communicated gradients travel in", "strategy", COMPRESSIONS)
     servers: int | None = opt(None, "dedicated parameter-server ranks (ps, ps-sharded, ps-async; "
                               "0: rank 0 serves and trains).  Default: the strategy's own (0 for ps "
                               "and ps-sharded, 1 for ps-async)", "strategy", metavar="S")
@@ -62,8 +66,9 @@ class TrainConfig:
     # --- optimisation
     steps: int = opt(0, "optimizer steps to run (overrides --epochs when > 0)", "training", metavar="N")
     epochs: int = opt(3, "passes over the training set (used when --steps is 0)", "training", metavar="N")
-    batch_size: int = opt(64, "GLOBAL batch size: samples per optimizer step over all workers; it "
-                          "means the same for any number of ranks", "training", metavar="B")
+    batch_size: int | None = opt(None, "GLOBAL batch size: samples per optimizer step over all workers; "
+                                 "it means the same for any number of ranks (default: 64, rounded up to a "
+                                 "multiple of workers x --accum)", "training", metavar="B")
     lr: float | None = opt(None, "learning rate for the global batch, not scaled by the number of "
                            "ranks (default: 0.1 for sgd, 0.003 for adam)", "training", metavar="LR")
     optimizer: str = opt("sgd", "optimizer", "training", OPTIMIZERS)
@@ -96,6 +101,10 @@ class TrainConfig:
                 raise PsrtError(f"{flag(name)} {value!r}: choose one of {', '.join(choices)}", everywhere=True)
         positive = ("batch_size", "accum", "seq_len", "pp", "tp", "epochs")
         non_negative = ("steps", "width", "layers", "staleness", "checkpoint_every", "momentum", "weight_decay")
+        # A batch the user gave must split evenly; the default adapts (plan_batch).
+        self.batch_size_given = self.batch_size is not None
+        if self.batch_size is None:
+            self.batch_size = DEFAULT_BATCH
         for name in positive:
             if getattr(self, name) < 1:
                 raise PsrtError(f"{flag(name)} {getattr(self, name)}: must be at least 1", everywhere=True)
@@ -118,6 +127,11 @@ class TrainConfig:
         if (self.model == "transformer") != (self.data == "text"):
             raise PsrtError(f"--model {self.model} cannot train on --data {self.data}: the transformer "
                             "needs --data text, and text needs --model transformer", everywhere=True)
+        if self.pp * self.tp != 1 and self.model != "transformer":
+            raise PsrtError(f"--pp {self.pp} --tp {self.tp}: model parallelism splits the transformer; "
+                            f"use --model transformer (got --model {self.model})", everywhere=True)
+        if self.pp * self.tp != 1 and (self.resume or self.checkpoint):
+            raise PsrtError("--checkpoint/--resume are not available with --pp/--tp", everywhere=True)
         if self.resume and not self.checkpoint:
             raise PsrtError("--resume needs --checkpoint FILE (the checkpoint to continue from)",
                             everywhere=True)
@@ -137,6 +151,51 @@ class TrainConfig:
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name, _ in _fields()}
+
+
+def check_paths(cfg: TrainConfig) -> None:
+    """Fail before training, not after it, when an output cannot be written."""
+    for name in ("metrics", "save", "checkpoint"):
+        path = getattr(cfg, name)
+        if path:
+            directory = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(directory):
+                raise PsrtError(f"--{name} {path}: directory {directory} does not exist", everywhere=True)
+            if os.path.isdir(path):
+                raise PsrtError(f"--{name} {path}: is a directory, expected a file name", everywhere=True)
+
+
+def plan_batch(cfg: TrainConfig, world_size: int) -> str | None:
+    """Fit the global batch to the workers of every strategy of --dp before any of them trains
+    (no torch needed).  A --batch-size that does not split evenly over a strategy's workers x
+    --accum is a one-line error naming the strategy; the default batch is rounded up to a
+    multiple of all of them, the same for every strategy so their rows compare.  Returns what
+    to tell the user, or None."""
+    from psrt.dp.roles import num_workers
+    from psrt.grid import infer_dp
+    if cfg.pp * cfg.tp != 1:
+        try:
+            dp = infer_dp(world_size, cfg.pp, cfg.tp)
+        except PsrtError as err:
+            raise PsrtError(f"--pp {cfg.pp} --tp {cfg.tp}: {err}", everywhere=True) from None
+        workers = {f"{d} on dp={dp}": dp for d in cfg.dp_list}
+    else:
+        workers = {d: num_workers(d, world_size, cfg.servers) for d in cfg.dp_list}
+    unit = math.lcm(*(w * cfg.accum for w in workers.values()))
+    mb = f"{cfg.accum} micro-batch{'es' * (cfg.accum != 1)} (--accum)"
+    if cfg.batch_size_given:
+        for d, w in workers.items():
+            if cfg.batch_size % (w * cfg.accum):
+                raise PsrtError(f"--batch-size {cfg.batch_size} does not split evenly over the {w} "
+                                f"worker{'s' * (w != 1)} of --dp {d} x {mb}: use a multiple of {unit}",
+                                everywhere=True)
+        return None
+    cfg.batch_size = -(-DEFAULT_BATCH // unit) * unit
+    if cfg.batch_size == DEFAULT_BATCH:
+        return None
+    counts = ", ".join(sorted({str(w) for w in workers.values()}))
+    return (f"global batch {cfg.batch_size}: the default {DEFAULT_BATCH} rounded up to split over "
+            f"{counts} worker{'s' * (counts != '1')} x {mb}; --batch-size sets it")
 
 
 def _fields():
@@ -161,7 +220,7 @@ def _base_type(hint):
 def build_parser(prog: str = "python -m psrt.train") -> argparse.ArgumentParser:
     parser = ArgumentParser(prog=prog, description="Train a model with data parallelism over MPI ranks "
                      "(run it under mpirun; one process works too).",
-                     epilog="example: mpirun -np 4 python -m psrt.train --dp ps,ring --model cnn")
+                     epilog="example: ./mpi_launch -np 4 python -m psrt.train --dp ps,ring --model cnn")
     hints = typing.get_type_hints(TrainConfig)
     groups = {}
     for name, f in _fields():

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from psrt.errors import PsrtError
+from psrt.train.config import DATASETS
 
-DATASETS = ("digits", "text", "synthetic")
 TEXT_FILES = ("textwrap.py", "string.py", "heapq.py", "bisect.py", "functools.py",
               "contextlib.py", "abc.py", "fnmatch.py", "shlex.py", "queue.py")
 

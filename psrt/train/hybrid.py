@@ -23,12 +23,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from psrt.collectives.cost import wire_bytes
 from psrt.collectives.layout import shard_range
 from psrt.dp.base import StepStats as DPStepStats
 from psrt.dp.common import copy_back, flatten, optimizer_factory
 from psrt.errors import PsrtError, make_options
 from psrt.grid import Grid
 from psrt.pp import PipelineRuntime, build_stages, make_schedule, split_batch
+from psrt.tp.comm import CountingGroup
 from psrt.tp.model import loss_fn, shard_dense, shard_specs
 
 
@@ -120,7 +122,9 @@ class HybridTrainer:
                  make_optimizer=None):
         cfg.check(grid)
         self.grid, self.cfg = grid, cfg
-        model = shard_dense(dense if dense is not None else dense_model(cfg), grid.tp_group)
+        # The TP group counts its traffic for the step's bytes_sent.
+        self.tp = CountingGroup(grid.tp_group)
+        model = shard_dense(dense if dense is not None else dense_model(cfg), self.tp)
         blocks = [model.embed, *model.blocks, model.head]
         self.schedule = make_schedule(cfg.schedule, grid.pp, cfg.microbatches, cfg.virtual_stages)
         stage_ids = self.schedule.stages_of(grid.pp_rank)
@@ -130,7 +134,7 @@ class HybridTrainer:
         for st in stages.values():
             st.to(device)
         self.runtime = PipelineRuntime(stages, self.schedule, grid.pp_comm,
-                                       loss_fn(grid.tp_group, cfg.vocab), device, cfg.timeout_s)
+                                       loss_fn(self.tp, cfg.vocab), device, cfg.timeout_s)
         self.params = list(self.runtime.parameters())
         make_optimizer = make_optimizer or optimizer_factory(cfg.optimizer, cfg.lr, cfg.momentum)
         self.optimizer = make_optimizer(self.params)
@@ -145,9 +149,11 @@ class HybridTrainer:
 
         Returns the training loop's StepStats (psrt.dp.base): loss is the global batch's
         mean loss (the same on every rank); compute_s the forward/backward time, comm_s the
-        time blocked on pipeline receives plus the dp all-reduce; bytes_sent the pipeline
-        bytes this rank sent; extra holds the pipeline figures (step_s, bubble,
-        peak_activation_bytes, peak_live_microbatches) and dp_comm_s, dp_payload_bytes.
+        time blocked on pipeline receives plus the dp all-reduce; bytes_sent the bytes this
+        rank put on the wire: pipeline sends, tensor-parallel collectives and the dp
+        all-reduce (extra: pp_, tp_ and dp_bytes_sent); extra also holds the pipeline figures
+        (step_s, bubble, peak_activation_bytes, peak_live_microbatches) and dp_comm_s,
+        dp_payload_bytes.
         """
         g, cfg = self.grid, self.cfg
         if x.shape[0] < g.dp * cfg.microbatches:
@@ -158,15 +164,23 @@ class HybridTrainer:
         weights = [t.numel() / y.numel() for t in ys]       # share of the GLOBAL batch
         for p in self.params:
             p.grad = None
+        self.tp.reset()
         pp = self.runtime.step(xs, ys, weights)
         t0 = time.perf_counter()
         payload = self._allreduce_grads()
         dp_s = time.perf_counter() - t0
         self.optimizer.step()
         loss = g.dp_comm.allreduce(pp.loss)                 # sum of the dp ranks' shares
+        # Wire bytes as a bandwidth-optimal (ring) collective moves them; the TP groups count
+        # each all-reduce's payload and each all-gather's local piece.
+        tp_sent = (wire_bytes("allreduce", "native", self.tp.bytes.get("allreduce", 0), g.tp, g.tp_rank)
+                   + wire_bytes("allgather", "native", g.tp * self.tp.bytes.get("allgather", 0), g.tp, g.tp_rank))
+        dp_sent = wire_bytes("allreduce", cfg.dp_algorithm, payload, g.dp, g.dp_rank)
         return DPStepStats(loss=loss, compute_s=pp.busy_s, comm_s=pp.wait_s + dp_s,
-                           bytes_sent=pp.bytes_sent,
+                           bytes_sent=pp.bytes_sent + tp_sent + dp_sent,
                            extra={"step_s": pp.total_s, "bubble": pp.bubble, "dp_comm_s": dp_s,
+                                  "pp_bytes_sent": pp.bytes_sent, "tp_bytes_sent": tp_sent,
+                                  "dp_bytes_sent": dp_sent,
                                   "dp_payload_bytes": payload,
                                   "peak_activation_bytes": pp.peak_activation_bytes,
                                   "peak_live_microbatches": pp.peak_live_microbatches})

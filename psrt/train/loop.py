@@ -16,7 +16,7 @@ import torch
 import psrt
 from psrt.dp import STRATEGIES, strategy_class
 from psrt.dp.base import StepStats, option_names
-from psrt.dp.common import optimizer_factory
+from psrt.dp.common import optimizer_factory, optimizer_state_bytes
 from psrt.errors import PsrtError, make_options
 from psrt.grid import Grid
 from psrt.train import checkpoint, report
@@ -77,16 +77,6 @@ def evaluate(model, dataset, batch: int = 512) -> tuple[float, float]:
     return loss_sum / max(count, 1), correct / max(count, 1)
 
 
-def check_paths(cfg: TrainConfig) -> None:
-    """Fail before training, not after it, when an output cannot be written."""
-    for name in ("metrics", "save", "checkpoint"):
-        path = getattr(cfg, name)
-        if path:
-            directory = os.path.dirname(os.path.abspath(path))
-            if not os.path.isdir(directory):
-                raise PsrtError(f"--{name} {path}: directory {directory} does not exist", everywhere=True)
-            if os.path.isdir(path):
-                raise PsrtError(f"--{name} {path}: is a directory, expected a file name", everywhere=True)
 
 
 class Totals:
@@ -210,14 +200,9 @@ HYBRID_DP = {"ring": "ring", "ps": "ps", "native": "native", "torch": "torch"}
 
 
 def check_hybrid(cfg: TrainConfig, dp: str) -> None:
-    if cfg.model != "transformer":
-        raise PsrtError(f"--pp {cfg.pp} --tp {cfg.tp}: model parallelism splits the transformer; "
-                        f"use --model transformer (got --model {cfg.model})", everywhere=True)
     if dp not in HYBRID_DP:
         raise PsrtError(f"--dp {dp} with --pp/--tp: the data-parallel axis of a hybrid run reduces "
                         f"with one of {', '.join(HYBRID_DP)}", everywhere=True)
-    if cfg.resume or cfg.checkpoint:
-        raise PsrtError("--checkpoint/--resume are not available with --pp/--tp", everywhere=True)
 
 
 def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset) -> dict | None:
@@ -251,7 +236,8 @@ def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset) -> dict | None:
             progress.update(step + 1, f"loss {stats.loss:.4f}")
     wall = time.perf_counter() - t0
     state = trainer.dense_state_dict()          # the whole model on grid rank 0
-    mine = {"worker": True, "compute_s": compute, "comm_s": comm, "bytes": sent, "opt": 0,
+    mine = {"worker": True, "compute_s": compute, "comm_s": comm, "bytes": sent,
+            "opt": optimizer_state_bytes(trainer.optimizer),
             "steps": total, "loss": float(loss), "test_loss": None, "test_acc": None, "wall": wall}
     everyone = ctl.gather(mine, root=0)
     grid.free()

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from psrt.errors import PsrtError
+from psrt.train.config import MODELS
 
-MODELS = ("mlp", "cnn", "transformer")
 
 
 class MLP(nn.Module):

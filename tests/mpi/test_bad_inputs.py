@@ -64,7 +64,7 @@ CASES = [
     ("train-batch-not-divisible-np2", py(*TRAIN, "--batch-size", "3"), "--batch-size 3", 2, None),
     ("train-ps-servers-too-many", py(*TRAIN, "--dp", "ps", "--servers", "1"), "--servers 1", 0, None),
     ("train-timeout-negative", py(*TRAIN, "--timeout", "-1"), "--timeout", 0, None),
-    ("train-pp-not-wired", py(*TRAIN, "--pp", "2"), "--pp 2", 0, None),
+    ("train-pp-needs-the-transformer", py(*TRAIN, "--pp", "2"), "--pp 2", 0, None),
     ("train-tp-grid-np2", py(*TRAIN, "--tp", "3"), "--tp 3", 2, None),
     # --- psrt.train: files
     ("train-save-no-dir", py(*TRAIN, "--save", "{tmp}/no/such/x.pt"), "--save {tmp}/no/such/x.pt", 0, None),

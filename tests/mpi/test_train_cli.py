@@ -49,8 +49,32 @@ def test_uneven_batch_on_three_ranks_is_one_line():
     run = ranks(3, "--batch-size", "64", "--steps", "1")
     assert run.returncode == 2, run.stderr
     errors = [l for l in run.stderr.splitlines() if "psrt.train: error:" in l]
-    assert len(errors) == 1 and "--batch-size 64 does not split evenly over 3 workers" in errors[0], run.stderr
+    assert len(errors) == 1 and "--batch-size 64 does not split evenly over the 3 workers of --dp ring" \
+        in errors[0], run.stderr
     assert "Traceback" not in run.stderr
+
+
+@pytest.mark.mpi
+def test_default_batch_adapts_to_the_workers_and_says_so():
+    """ps with a dedicated server on 4 ranks has 3 workers: the default batch becomes 66."""
+    run = ranks(4, "--dp", "ps", "--servers", "1", "--steps", "2", "--data", "synthetic", "--width", "8")
+    run.check()
+    assert "psrt.train: global batch 66: the default 64 rounded up to split over 3 workers" in run.stderr
+    assert "global batch 66, 4 ranks" in run.stdout
+
+
+def test_command_line_errors_come_before_torch_is_imported():
+    """A bad layout or batch is refused before the rank imports torch (it costs seconds per
+    rank on a crowded host): python's import log shows no torch."""
+    for argv, words in ((["--dp", "ps-async"], "--dp ps-async needs at least 2 ranks"),
+                        (["--dp", "ps", "--servers", "2"], "use --dp ps-sharded"),
+                        (["--pp", "2", "--model", "transformer"], "--pp 2 --tp 1: process grid pp=2 x tp=1 does not divide 1 ranks")):
+        out = subprocess.run([sys.executable, "-X", "importtime", "-m", "psrt.train", *argv], capture_output=True,
+                             text=True, timeout=120, env=env(), stdin=subprocess.DEVNULL)
+        errors = [line for line in out.stderr.splitlines() if "psrt.train: error:" in line]
+        assert out.returncode == 2 and len(errors) == 1 and words in errors[0], out.stderr[-2000:]
+        imported = [line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")]
+        assert "mpi4py" in imported and "torch" not in imported, [m for m in imported if "torch" in m][:3]
 
 
 @pytest.mark.mpi

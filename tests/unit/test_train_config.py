@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 
 from psrt.errors import PsrtError
-from psrt.train.config import TrainConfig, build_parser, flag, parse_args
+from psrt.train.config import TrainConfig, build_parser, flag, parse_args, plan_batch
 
 
 def test_every_field_is_a_flag_with_help():
@@ -56,3 +56,29 @@ def test_bad_input_is_one_line_naming_the_flag(argv, words):
 def test_config_checks_hold_without_the_parser():
     with pytest.raises(PsrtError, match="--batch-size"):
         TrainConfig(batch_size=-4)
+
+
+@pytest.mark.parametrize("argv,size,batch,says", [
+    ("--dp ring", 4, 64, None),
+    ("--dp ps --servers 1", 4, 66, "global batch 66: the default 64 rounded up to split over 3 workers x 1 micro-batch"),
+    ("--dp ps,ring,ps-async", 8, 112, "over 7, 8 workers"),
+    ("--dp ring --accum 3", 2, 66, "x 3 micro-batches (--accum)"),
+    ("--dp ring --pp 2 --tp 2 --model transformer", 12, 66, "over 3 workers"),
+])
+def test_the_default_batch_fits_every_strategy(argv, size, batch, says):
+    cfg = parse_args(argv.split())
+    note = plan_batch(cfg, size)
+    assert cfg.batch_size == batch
+    assert (note is None) if says is None else (says in note)
+
+
+@pytest.mark.parametrize("argv,size,words", [
+    ("--dp ring,ps-async --batch-size 64", 4, "--batch-size 64 does not split evenly over the 3 workers of --dp ps-async x 1 micro-batch (--accum): use a multiple of 12"),
+    ("--dp ring --batch-size 4", 8, "the 8 workers of --dp ring"),
+    ("--dp ring --pp 3 --model transformer", 8, "process grid pp=3 x tp=1 does not divide 8 ranks"),
+    ("--dp ps-sharded --servers 4", 4, "leaves no worker among 4 ranks"),
+])
+def test_a_batch_or_layout_that_cannot_work_is_refused_before_training(argv, size, words):
+    with pytest.raises(PsrtError) as err:
+        plan_batch(parse_args(argv.split()), size)
+    assert words in str(err.value) and err.value.everywhere

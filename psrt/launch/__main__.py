@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import shutil
@@ -14,7 +15,7 @@ import sys
 from psrt.errors import ArgumentParser, PsrtError, cli_main
 from psrt.launch import cluster
 from psrt.launch.hostfile import parse_hostfile, parse_hosts
-from psrt.launch.mpi import find_mpirun, mpi_flavour, run_job
+from psrt.launch.mpi import find_mpirun, mpi_flavour, resolve_program, run_job
 from psrt.launch.plan import FLAVOURS, ROOT, Request, plan_mpirun, plan_srun
 
 DEFAULT_HOSTFILE = ROOT / "hostfiles" / "localhost"
@@ -113,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         mpirun = find_mpirun(args.mpirun)
         flavour = args.flavour or mpi_flavour(mpirun)
+        if os.path.isabs(mpirun):   # Open MPI will change the ranks' PATH: pin the program
+            req = dataclasses.replace(req, command=resolve_program(req.command))
     if args.emulate:
         return cluster.launch(req, flavour, mpirun, env, cores, args, dry_run=args.dry_run)
     if args.rate or args.delay or args.subnet:
@@ -122,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print(plan.shell())
         return 0
-    return run_job(plan.argv, {**env, **plan.env})
+    return run_job(plan.argv, {**env, **plan.env}, quiet_exit=flavour.startswith("openmpi"))
 
 
 if __name__ == "__main__":

@@ -438,7 +438,7 @@ def launch(req, flavour: str, mpirun: str, env, cores: int, args, dry_run: bool 
         print(shlex.join(argv))
         return 0
     with running(cluster):
-        return run_job(argv, {**env, **plan.env})
+        return run_job(argv, {**env, **plan.env}, quiet_exit=flavour.startswith("openmpi"))
 
 
 def _cluster_from(args) -> Cluster:

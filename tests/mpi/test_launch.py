@@ -62,7 +62,7 @@ def test_cli_dry_run_prints_the_command(capsys, monkeypatch):
     code, out, err = cli(capsys, "--dry-run", "-np", "2", "python", "-m", "psrt.info", "--json")
     threads = max(1, (os.cpu_count() or 1) // 2)
     assert code == 0 and out.count("\n") == 1
-    assert out.startswith(" ".join([shutil.which("mpirun"), *root_flag(), "-np", "2"]))
+    assert out.startswith(" ".join(["mpirun", *root_flag(), "-np", "2"]))
     assert out.rstrip().endswith(f"-x PYTHONPATH={ROOT} -x OMP_NUM_THREADS={threads} "
                                  "python -m psrt.info --json")
 
@@ -82,3 +82,38 @@ def test_cli_bad_input_is_one_line_and_exit_2(capsys, args, message):
     code, out, err = cli(capsys, *args)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("mpi_launch: error: ") and message in err
+
+
+@needs_mpirun
+@pytest.mark.parametrize("mpirun", [None, "abs"], ids=["mpirun-on-path", "mpirun-by-path"])
+def test_ranks_run_the_python_the_user_meant(tmp_path, mpirun):
+    """`mpi_launch ... python3 ...`: every rank runs the python3 of the user's PATH, also
+    when mpirun is called by its absolute path (Open MPI then puts its own bin directory
+    first on the ranks' PATH, where python3 may be the system's, without torch)."""
+    want = subprocess.run(["python3", "-c", "import sys; print(sys.executable)"], capture_output=True,
+                          text=True).stdout.strip()
+    extra = ["--mpirun", shutil.which("mpirun")] if mpirun else []
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_COMM_", "PMIX_", "SLURM_"))}
+    out = subprocess.run([str(ROOT / "mpi_launch"), "-np", "2", *extra, "python3", "-c",
+                          "import sys, torch; print('EXE', sys.executable)"],
+                         capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = [line.split(" ", 1)[1] for line in out.stdout.splitlines() if line.startswith("EXE ")]
+    assert seen == [want, want], out.stdout
+
+
+@needs_mpirun
+def test_an_error_every_rank_agrees_on_is_one_line_under_mpi_launch(tmp_path):
+    """`mpi_launch ... psrt.train` with a bad batch: psrt's one line and exit 2, without Open
+    MPI's non-zero-exit notices; a rank killed by a signal is still reported by mpirun."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_COMM_", "PMIX_", "SLURM_"))}
+    bad = subprocess.run([str(ROOT / "mpi_launch"), "-np", "2", "python", "-m", "psrt.train", "--batch-size", "3"],
+                         capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
+    assert bad.returncode == 2, bad.stderr
+    assert bad.stderr.splitlines() == ["[rank 0] psrt.train: error: --batch-size 3 does not split evenly over "
+                                       "the 2 workers of --dp ring x 1 micro-batch (--accum): use a multiple of 2"]
+    killed = subprocess.run([str(ROOT / "mpi_launch"), "-np", "2", "python", "-c",
+                             "import os, signal\nfrom mpi4py import MPI\nif MPI.COMM_WORLD.rank == 1: "
+                             "os.kill(os.getpid(), signal.SIGKILL)\nMPI.COMM_WORLD.Barrier()"],
+                            capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
+    assert killed.returncode != 0 and "exited on signal 9" in killed.stderr, killed.stderr

@@ -16,7 +16,7 @@ from psrt.errors import PsrtError
 from psrt.launch import hostfile as H
 from psrt.launch import plan as L
 from psrt.launch.__main__ import main as launch_main
-from psrt.launch.mpi import local_mpirun_prefix
+from psrt.launch.mpi import drop_exit_banners, local_mpirun_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -263,7 +263,7 @@ def test_local_mpirun_prefix_still_serves_the_test_fixture():
     if shutil.which("mpirun") is None:
         pytest.skip("no mpirun on PATH")
     argv = local_mpirun_prefix(3)
-    assert argv[0] == shutil.which("mpirun") and argv[1:3] == ["-np", "3"]
+    assert argv[0] == "mpirun" and argv[1:3] == ["-np", "3"]
 
 
 def test_cli_no_mpi_found(capsys, monkeypatch, tmp_path):
@@ -329,3 +329,16 @@ def test_cli_emulated_dry_run_for_mpich(capsys):
         f"{agent} n0 mpiexec -n 4 -hosts n0:2,n1:2 -launcher ssh -launcher-exec {agent} "
         "-iface eth0 -genv UCX_TLS tcp,self -genv UCX_NET_DEVICES eth0 -genv FI_PROVIDER tcp "
         f"-bind-to none -genv PYTHONPATH {ROOT} -genv OMP_NUM_THREADS 1 python x.py")
+
+
+def test_only_open_mpis_non_zero_exit_notices_are_dropped():
+    rule = "-" * 74 + "\n"
+    exit_notice = [rule, "Primary job  terminated normally, but 1 process returned\n",
+                   "a non-zero exit code. Per user-direction, the job has been aborted.\n", rule,
+                   rule, "mpirun detected that one or more processes exited with non-zero status, thus causing\n",
+                   "  Exit code:    2\n", rule]
+    killed = [rule, "mpirun noticed that process rank 1 with PID 7 on node vm exited on signal 9 (Killed).\n", rule]
+    out = []
+    drop_exit_banners(["[rank 0] psrt.train: error: --batch-size 3 ...\n"] + exit_notice + killed + ["tail\n"],
+                      out.append)
+    assert "".join(out) == "[rank 0] psrt.train: error: --batch-size 3 ...\n" + "".join(killed) + "tail\n"

@@ -71,6 +71,9 @@ VARIABLES = {v.name: v for v in (
              "ring segment size in bytes (default 4 MiB)"),
     Variable("PSRT_MASTER_ADDR", str, "an address", None,
              "rank 0's address for torch.distributed when its host name does not resolve to it"),
+    Variable("PSRT_YIELD", _flag, "0 or 1", None,
+             "`1`/`0`: ranks waiting in MPI yield the core (Open MPI's `mpi_yield_when_idle`) or "
+             "busy-poll (default: yield when a host runs more ranks than it has cores)"),
     Variable("PSRT_TRACEBACK", _flag, "0 or 1", False,
              "`1`: print the full traceback before the one-line error"),
 )}
@@ -117,6 +120,7 @@ def ring_segment_bytes() -> int:
 
 def master_addr() -> str | None:
     return get("PSRT_MASTER_ADDR")
+
 
 
 def traceback() -> bool:

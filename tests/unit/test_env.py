@@ -1,5 +1,6 @@
 """psrt.env: every PSRT_* variable is read, parsed and refused in one place, and the README's
 table of variables is the one env.py generates."""
+import re
 from pathlib import Path
 
 import pytest
@@ -11,9 +12,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 GOOD = {"PSRT_TIMEOUT": ("12.5", 12.5), "PSRT_CHECK": ("all", "all"), "PSRT_CUDA_AWARE": ("0", False),
         "PSRT_TUNING": ("t.json", "t.json"), "PSRT_RING_SEGMENT": ("65536", 65536),
-        "PSRT_MASTER_ADDR": ("198.18.0.1", "198.18.0.1"), "PSRT_TRACEBACK": ("1", True)}
+        "PSRT_MASTER_ADDR": ("198.18.0.1", "198.18.0.1"), "PSRT_TRACEBACK": ("1", True),
+        "PSRT_YIELD": ("0", False)}
 BAD = {"PSRT_TIMEOUT": ["-3", "0", "soon", "inf"], "PSRT_CHECK": ["most"], "PSRT_CUDA_AWARE": ["yes", "2"],
-       "PSRT_RING_SEGMENT": ["0", "4MiB", "-1"], "PSRT_TRACEBACK": ["true"]}
+       "PSRT_RING_SEGMENT": ["0", "4MiB", "-1"], "PSRT_TRACEBACK": ["true"],
+       "PSRT_YIELD": ["yes"]}
 
 
 def test_every_variable_is_covered_here():
@@ -52,6 +55,6 @@ def test_no_module_but_env_reads_a_psrt_variable():
         if path.name == "env.py":
             continue
         for i, line in enumerate(path.read_text().splitlines(), 1):
-            if "environ" in line and "PSRT_" in line or 'getenv("PSRT' in line:
+            if re.search(r"""(environ\.get\(|environ\[|getenv\()\s*["']PSRT_""", line):
                 readers.append(f"{path.relative_to(ROOT)}:{i}")
     assert not readers, readers

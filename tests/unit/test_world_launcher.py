@@ -6,7 +6,7 @@ import pytest
 from launcher_env import (HOROVOD_GLOO, HOROVOD_MPI, HYDRA, HYDRA_IN_SLURM, MPIRUN_IN_SLURM,
                           OPENMPI4, OPENMPI5, SLURM_STEP, SRUN_PMI2, SRUN_PMIX, TORCHRUN)
 
-from psrt.world import _env_world_size, _mismatch, detect_launcher
+from psrt.world import _env_world_size, _mismatch, detect_launcher, yield_before_mpi_starts
 
 CASES = {
     "openmpi4": (OPENMPI4, "openmpi", 4),
@@ -39,3 +39,23 @@ def test_mismatch_messages_say_what_to_run():
     assert msg.startswith("horovodrun --gloo started 4 processes") and "horovodrun --mpi" in msg
     msg = _mismatch("openmpi", 4, 1, OPENMPI4)
     assert "different MPI libraries" in msg
+
+
+@pytest.mark.parametrize("environ,yields", [
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "64"}, True),                  # mpirun, crowded
+    ({"HOROVOD_LOCAL_SIZE": "64"}, True),                          # horovodrun, crowded
+    ({"SLURM_NTASKS_PER_NODE": "64"}, True),                       # srun, crowded
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "1"}, False),                  # one rank: poll
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "64", "PSRT_YIELD": "0"}, False),
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "1", "PSRT_YIELD": "1"}, True),
+    ({}, False),                                                   # one plain process
+])
+def test_crowded_hosts_yield_before_mpi_starts(environ, yields):
+    environ = dict(environ)
+    said = yield_before_mpi_starts(environ)
+    assert (environ.get("OMPI_MCA_mpi_yield_when_idle") == "1") is yields and bool(said) is yields
+
+
+def test_a_yield_setting_of_the_user_wins():
+    environ = {"OMPI_COMM_WORLD_LOCAL_SIZE": "64", "OMPI_MCA_mpi_yield_when_idle": "0"}
+    assert yield_before_mpi_starts(environ) is None and environ["OMPI_MCA_mpi_yield_when_idle"] == "0"

@@ -235,7 +235,8 @@ def command(args) -> int:
         [p for p in ([a for a in wanted if a != HOROVOD], [a for a in wanted if a == HOROVOD]) if p]
     plan = [(algos, c, s) for algos in phases for c in args.collective.split(",") for s in sizes
             if algorithms_for(c, algos, torch_ready)]
-    progress = Progress(len(plan), f"bench np={world.size}", enabled=world.rank == 0 and not args.quiet)
+    progress = Progress(len(plan), f"bench np={world.size}", enabled=world.rank == 0 and not args.quiet,
+                        unit="points")
     points, hvd = [], None
     for i, (algos, coll, size) in enumerate(plan, 1):
         if algos == [HOROVOD] and hvd is None:

@@ -83,7 +83,7 @@ def run(args) -> dict:
     sizes = {rate: size_for(rate, fastest, args.size) for rate in args.rates}
     todo = groups(args)
     progress = Progress(sum(len(lays) + (rate is not None) for rate, _, lays in todo), "network",
-                        enabled=not args.quiet)
+                        enabled=not args.quiet, unit="jobs")
     done = 0
     fits, measured = {}, []
     for rate, per_host, lays in todo:

@@ -224,9 +224,21 @@ def machine() -> str:
             f"Python {platform.python_version()}, torch {torch.__version__}, {mpi}")
 
 
+def command_line(args) -> str:
+    """The suite command that gives this report, every option that differs from the default."""
+    parts = ["python -m psrt.bench suite"]
+    if args.quick:
+        parts.append("--quick")
+    if args.np != [2, 4]:
+        parts.append("--np " + ",".join(map(str, args.np)))
+    if list(args.parts) != list(PARTS):
+        parts.append("--parts " + ",".join(args.parts))
+    return " ".join(parts + [f"--out {args.out}"])
+
+
 def markdown(args, sections: list[str], goals: list[dict]) -> str:
     head = [f"# psrt benchmark report{' (--quick)' if args.quick else ''}\n",
-            f"- command: `python -m psrt.bench suite{' --quick' if args.quick else ''} --out {args.out}`",
+            f"- command: `{command_line(args)}`",
             f"- machine: {machine()}",
             f"- date: {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}\n",
             "## Goals, as measured in this run\n"]

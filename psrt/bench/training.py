@@ -215,7 +215,7 @@ def command(args) -> int:
     if world.rank == 0 and len(names) < len(asked) and not args.quiet:
         print("psrt.bench: horovod is not installed, left out (scripts/install_horovod.sh)", file=sys.stderr)
     progress = Progress(len(names) * (args.rounds + 1), f"training np={world.size}",
-                        enabled=world.rank == 0 and not args.quiet)
+                        enabled=world.rank == 0 and not args.quiet, unit="rounds")
     rows = measure(world, names, args.model, args.width, args.layers, args.batch,
                             args.steps, args.rounds, bucket_mb=args.bucket_mb, progress=progress)
     if world.rank != 0:

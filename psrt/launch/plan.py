@@ -147,7 +147,8 @@ def _check_hosts_resolve(req: Request, dry_run: bool) -> list[str]:
         except OSError:
             msg = f"unknown host {h.name!r} ({h.where or '--hosts'}): it does not resolve here"
             if not dry_run:
-                raise PsrtError(msg + "; fix the name or add it to /etc/hosts") from None
+                raise PsrtError(msg + "; fix the name, add it to /etc/hosts, or add --emulate to run these "
+                                 "hosts as network namespaces of this machine (root)") from None
             notes.append("a real run would stop: " + msg)
     return notes
 

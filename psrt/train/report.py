@@ -23,8 +23,9 @@ def fmt_bytes(n: float) -> str:
 class Progress:
     """A text bar on stderr when it is a terminal; otherwise a line every ~10% of the run."""
 
-    def __init__(self, total: int, label: str, enabled: bool = True, stream=None):
+    def __init__(self, total: int, label: str, enabled: bool = True, stream=None, unit: str = "steps"):
         self.total, self.label, self.enabled = max(total, 1), label, enabled and total > 0
+        self.unit = unit
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self.every = max(1, self.total // 10)
@@ -35,7 +36,7 @@ class Progress:
         if not self.enabled:
             return
         rate = done / max(time.perf_counter() - self.start, 1e-9)
-        text = f"{self.label}: {done}/{self.total} {note} {rate:.1f}/s".replace("  ", " ")
+        text = f"{self.label}: {done}/{self.total} {self.unit} {note} {rate:.1f} {self.unit}/s".replace("  ", " ")
         if self.tty:
             width = 24
             fill = int(width * done / self.total)

@@ -81,3 +81,13 @@ def test_goals_are_judged_from_the_measurements():
     assert [g["ok"] for g in bad] == [False, False, False]
 
 
+
+
+def test_the_report_names_the_command_that_made_it():
+    from types import SimpleNamespace
+
+    from psrt.bench.suite import command_line
+    assert command_line(SimpleNamespace(quick=False, np=[2, 4], parts=["collectives", "training", "network"],
+                                        out="out/bench")) == "python -m psrt.bench suite --out out/bench"
+    assert command_line(SimpleNamespace(quick=True, np=[2], parts=["training"], out="o")) == \
+        "python -m psrt.bench suite --quick --np 2 --parts training --out o"

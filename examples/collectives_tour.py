@@ -1,6 +1,6 @@
 """A tour of the collectives: every operation on every rank, printed side by side.
 
-    mpirun -np 4 python examples/collectives_tour.py [--algorithm ring]
+    ./mpi_launch -np 4 python examples/collectives_tour.py [--algorithm ring]
 
 Rank r starts with small tensors built from r, so each result can be checked by eye.
 Output is gathered to rank 0 and printed in rank order (mpirun would interleave it).

@@ -1,8 +1,8 @@
 """Does overlapping the all-reduce with backward pay?  Ring DDP with overlap vs. the same
 buckets reduced after backward, in the same job, interleaved, on the same data.
 
-    mpirun -np 2 python examples/ddp_overlap.py            # add --oversubscribe beyond the cores
-    mpirun -np 4 python examples/ddp_overlap.py --layers 6 --width 768
+    ./mpi_launch -np 2 python examples/ddp_overlap.py            # add --oversubscribe beyond the cores
+    ./mpi_launch -np 4 python examples/ddp_overlap.py --layers 6 --width 768
 
 Prints the median step time of each mode, their ratio (overlap / after-backward: below 1 means
 overlap helps), and how many buckets started while backward was still running.  What to

@@ -1,6 +1,6 @@
 """DP x PP x TP training of the character-level transformer.
 
-    mpirun -np 8 python examples/hybrid.py --pp 2 --tp 2      # dp = 8 / (2 * 2) = 2
+    ./mpi_launch -np 8 python examples/hybrid.py --pp 2 --tp 2      # dp = 8 / (2 * 2) = 2
 
 Runs with more ranks than cores need --oversubscribe --mca mpi_yield_when_idle 1 (or
 ./mpi_launch -np 8 python examples/hybrid.py).  Rank 0 prints the grid, each step's global

@@ -1,6 +1,6 @@
 """Pipeline-parallel training of the character-level transformer over all ranks.
 
-    mpirun -np 4 python examples/pipeline.py [--schedule 1f1b|gpipe|interleaved]
+    ./mpi_launch -np 4 python examples/pipeline.py [--schedule 1f1b|gpipe|interleaved]
                                              [--microbatches 8] [--virtual-stages 2]
 
 Rank 0 prints the schedule as a rank x time table and how the model was split, then each

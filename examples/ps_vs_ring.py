@@ -1,7 +1,7 @@
 """The same model, the same data, the same global batch: parameter server vs. ring all-reduce.
 
-    mpirun -np 4 python examples/ps_vs_ring.py
-    mpirun -np 4 python examples/ps_vs_ring.py --servers 1     # a dedicated server rank
+    ./mpi_launch -np 4 python examples/ps_vs_ring.py
+    ./mpi_launch -np 4 python examples/ps_vs_ring.py --servers 1     # a dedicated server rank
 
 Both strategies come from the registry (psrt.dp.strategy_class) and train an MLP on the
 digits for a few steps from the same initial parameters.  Because a step's gradient is the

@@ -1,6 +1,6 @@
 """Tensor-parallel training of the character-level transformer over all ranks.
 
-    mpirun -np 2 python examples/tensor_parallel.py [--steps 5]
+    ./mpi_launch -np 2 python examples/tensor_parallel.py [--steps 5]
 
 Every rank holds 1/t of each layer (heads, MLP columns/rows, vocabulary rows); no rank ever
 holds the full logits.  Rank 0 checks the first loss against the dense model run whole and

@@ -2,10 +2,10 @@
 
     python -m psrt.bench suite --out out/bench    # all of it: report.md, JSON, CSV, PNG
     python -m psrt.bench suite --quick            # a small version, under a minute
-    mpirun -np 4 python -m psrt.bench collectives --max-size 64MiB --json out/coll.json
-    mpirun -np 4 python -m psrt.bench training    # step time of every --dp strategy
-    mpirun -np 4 python -m psrt.bench pipeline    # pipeline bubble, activations, TP bytes
-    mpirun -np 2 python -m psrt.bench pingpong    # one-way time and the alpha-beta fit
+    ./mpi_launch -np 4 python -m psrt.bench collectives --max-size 64MiB --json out/coll.json
+    ./mpi_launch -np 4 python -m psrt.bench training    # step time of every --dp strategy
+    ./mpi_launch -np 4 python -m psrt.bench pipeline    # pipeline bubble, activations, TP bytes
+    ./mpi_launch -np 2 python -m psrt.bench pingpong    # one-way time and the alpha-beta fit
     python -m psrt.bench network                  # shaped emulated hosts (root)
     python -m psrt.bench tune --np 2,4,8          # re-measure the table behind 'auto'
 

@@ -1,6 +1,6 @@
 """Model-parallel measurements next to their theory, in well under a minute.
 
-    mpirun -np 4 python -m psrt.bench pipeline [--json FILE]
+    ./mpi_launch -np 4 python -m psrt.bench pipeline [--json FILE]
 
 1. Pipeline bubble per schedule.  Stages do fixed-duration work (a sleep of t_f forward and
    2 t_f backward, split over the virtual stages), so the figure measures the schedule and

@@ -152,7 +152,9 @@ def init(comm=None, export_env: bool = True) -> World:
             rendezvous MASTER_ADDR/MASTER_PORT (rank 0 picks a free port) in os.environ.
     """
     env.check_all()
-    crowded = yield_before_mpi_starts()
+    # Only a process whose MPI has not started yet can still be told to yield.
+    started = "mpi4py.MPI" in sys.modules and sys.modules["mpi4py.MPI"].Is_initialized()
+    notice = None if started else yield_before_mpi_starts()
     from mpi4py import MPI
 
     if sys.excepthook is sys.__excepthook__:   # leave a hook the program installed alone
@@ -180,8 +182,8 @@ def init(comm=None, export_env: bool = True) -> World:
                   num_nodes=len(leader_ranks), hostname=hostname, launcher=launcher)
     if export_env:
         export_torch_env(world)
-    if crowded and world.rank == 0:
-        print(f"psrt: {crowded}", file=sys.stderr, flush=True)
+    if notice and world.rank == 0:
+        print(f"psrt: {notice}", file=sys.stderr, flush=True)
     return world
 
 

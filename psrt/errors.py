@@ -51,7 +51,8 @@ class ArgumentParser(argparse.ArgumentParser):
         return super().add_subparsers(**kwargs)
 
 
-def _rank_from_env() -> int | None:
+def launcher_rank() -> int | None:
+    """This process's rank as its launcher numbered it (before or without MPI)."""
     for key in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "HOROVOD_RANK", "SLURM_PROCID", "RANK"):
         if key in os.environ:
             try:
@@ -63,7 +64,7 @@ def _rank_from_env() -> int | None:
 
 def report(err: BaseException, prog: str = "psrt") -> None:
     """Print `err` as one line on stderr with the rank in front (if there is one)."""
-    rank = _rank_from_env()
+    rank = launcher_rank()
     if getattr(err, "everywhere", False) and rank not in (None, 0):
         return
     where = f"[rank {rank}] " if rank is not None else ""

@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 import zlib
 from dataclasses import dataclass, field
 
 from psrt import env
-from psrt.errors import PsrtError
+from psrt.errors import PsrtError, launcher_rank
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,11 @@ def init(comm=None, export_env: bool = True) -> World:
     launcher = detect_launcher()
     announced = _env_world_size()
     if comm is None and launcher != "single" and announced and announced != parent.size:
+        # The processes cannot reach each other, and their launcher ends the job as soon as one
+        # exits: the launcher's rank 0 says it for all, and the others leave a moment later so
+        # as not to cut it off before it has spoken.
+        if launcher_rank() not in (None, 0):
+            time.sleep(2.0)
         raise PsrtError(_mismatch(launcher, announced, parent.size), everywhere=True)
     dup = parent.Dup()
     hostname = MPI.Get_processor_name() or socket.gethostname()

@@ -3,7 +3,7 @@
     horovodrun -np 4 python examples/horovod_vs_ring.py
     ./mpi_launch -np 4 python examples/horovod_vs_ring.py --steps 200 --model cnn
 
-Both runs go through the loop `python -m psrt.train` uses (psrt.train.loop.train_one): same seed,
+Both runs go through the loop `python -m psrt.train` uses (psrt.train.loop.train_all): same seed,
 same initial parameters, same sample order, same global batch; only the strategy that
 averages the gradients differs (`--dp horovod`, then `--dp ring`).  Any psrt.train flag
 may be added (--model, --batch-size, --optimizer, --compress fp16, ...); --dp is fixed.
@@ -15,8 +15,7 @@ import psrt
 from psrt.errors import PsrtError, cli_main
 from psrt.train import report
 from psrt.train.config import check_paths, parse_args, plan_batch
-from psrt.train.data import load
-from psrt.train.loop import check_strategies, set_threads, train_one
+from psrt.train.loop import train_all
 
 STRATEGIES = "horovod,ring"
 
@@ -41,19 +40,13 @@ def main(argv=None) -> int:
     check_paths(cfg)
     world = psrt.init()
     plan_batch(cfg, world.size)
-    check_strategies(cfg)
-    set_threads(world)
-    ctl = world.comm.Dup()
-    dataset = load(cfg.data, cfg.seq_len)
-    mine = {dp: row for dp in cfg.dp_list if (row := train_one(cfg, dp, world, ctl, dataset)) is not None}
-    found = ctl.gather(mine, root=0)
-    if ctl.rank == 0:
-        rows = {dp: next(f[dp] for f in found if dp in f) for dp in cfg.dp_list}
+    rows = train_all(cfg, world, watchdog=False)
+    if rows is not None:
+        rows = dict(zip(cfg.dp_list, rows))
         print(f"\n{cfg.model} on {cfg.data}: global batch {cfg.batch_size}, {world.size} ranks "
               f"(launcher: {world.launcher}), {cfg.optimizer} lr {cfg.lr:g}")
         print(report.summary_table(list(rows.values())))
         print(compare(rows), flush=True)
-    ctl.Free()
     return 0
 
 

@@ -7,13 +7,13 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from psrt.dp import COMPRESSIONS, DEFAULT_LR, OPTIMIZERS
+from psrt.errors import PsrtError
 
 # --compress: the dtype gradients travel in (None: their own).
 COMPRESS = dict(zip(COMPRESSIONS, (None, torch.float16, torch.bfloat16)))
 
 
 def check_compress(name: str, offered=tuple(COMPRESS), who: str = "psrt") -> None:
-    from psrt.errors import PsrtError
     if name not in offered:
         raise PsrtError(f"--compress {name!r}: {who} offers {', '.join(offered)}", everywhere=True)
 
@@ -70,7 +70,6 @@ def optimizer_factory(name: str, lr: float | None = None, momentum: float = 0.0,
                       weight_decay: float = 0.0) -> Callable[[Iterable], torch.optim.Optimizer]:
     """`params -> optimizer`, the form every strategy takes (a strategy that shards the
     optimizer calls it on its shard only): 'sgd' (with momentum) or 'adam'."""
-    from psrt.errors import PsrtError
     if name not in OPTIMIZERS:
         raise PsrtError(f"optimizer {name!r}: choose one of {', '.join(OPTIMIZERS)}", everywhere=True)
     lr = DEFAULT_LR[name] if lr is None else lr

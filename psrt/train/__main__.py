@@ -17,7 +17,6 @@ from psrt import faults
 from psrt.errors import cli_main
 from psrt.train import report
 from psrt.train.config import check_paths, parse_args, plan_batch
-from psrt.watchdog import Watchdog
 
 
 @cli_main("psrt.train")
@@ -29,23 +28,9 @@ def main(argv=None) -> int:
     note = plan_batch(cfg, world.size)
     if note and world.rank == 0 and not cfg.quiet:
         print(f"psrt.train: {note}", file=sys.stderr, flush=True)
-    from psrt.train.data import load   # torch from here on
-    from psrt.train.loop import check_strategies, set_threads, train_one
-    check_strategies(cfg)
-    set_threads(world)
-    ctl = world.comm.Dup()     # the loop's own messages never match a strategy's
-    dataset = load(cfg.data, cfg.seq_len)
-    # A stuck collective or a silent rank ends the job with a report instead of a hang.
-    dog = Watchdog(world, timeout_s=cfg.timeout_s).start()
-    mine = {}
-    for dp in cfg.dp_list:
-        row = train_one(cfg, dp, world, ctl, dataset, dog)
-        if row is not None:
-            mine[dp] = row
-    # Each strategy's lead worker holds its row (a server may be rank 0): collect them.
-    found = ctl.gather(mine, root=0)
-    if ctl.rank == 0:
-        rows = [next(f[dp] for f in found if dp in f) for dp in cfg.dp_list]
+    from psrt.train.loop import train_all   # torch from here on
+    rows = train_all(cfg, world)
+    if rows is not None:
         print(f"\n{cfg.model} on {cfg.data}: global batch {cfg.batch_size}, {world.size} "
               f"rank{'s' * (world.size != 1)}, "
               f"{cfg.optimizer} lr {cfg.lr:g}")
@@ -53,8 +38,6 @@ def main(argv=None) -> int:
         if not cfg.quiet:
             print(report.LEGEND)
         sys.stdout.flush()
-    dog.stop()
-    ctl.Free()
     return 0
 
 

@@ -183,6 +183,31 @@ def summarize(dp: str, everyone: list[dict], lead: dict, batch_size: int) -> dic
             "opt_state_bytes": max(r["opt"] for r in everyone)}
 
 
+def train_all(cfg: TrainConfig, world, watchdog: bool = True) -> list[dict] | None:
+    """Check every strategy, then train each of --dp in turn; the summary rows, in --dp
+    order, on rank 0 (None elsewhere).  The driver of python -m psrt.train and the examples."""
+    from psrt.train.data import load
+    check_strategies(cfg)
+    set_threads(world)
+    ctl = world.comm.Dup()     # the loop's own messages never match a strategy's
+    dataset = load(cfg.data, cfg.seq_len)
+    # A stuck collective or a silent rank ends the job with a report instead of a hang.
+    dog = Watchdog(world, timeout_s=cfg.timeout_s).start() if watchdog else None
+    mine = {}
+    for dp in cfg.dp_list:
+        row = train_one(cfg, dp, world, ctl, dataset, dog)
+        if row is not None:
+            mine[dp] = row
+    # Each strategy's lead worker holds its row (a server may be rank 0): collect them.
+    found = ctl.gather(mine, root=0)
+    if dog is not None:
+        dog.stop()
+    ctl.Free()
+    if found is None:
+        return None
+    return [next(f[dp] for f in found if dp in f) for dp in cfg.dp_list]
+
+
 def set_threads(world) -> None:
     """One rank per core share: N ranks on a host must not each start a thread per core."""
     if "OMP_NUM_THREADS" not in os.environ:

@@ -39,6 +39,10 @@ def excepthook(kind, err, tb, prog: str = "psrt") -> None:
         print(f"{prog}: interrupted", file=sys.stderr, flush=True)
         abort(130)
         return
+    # torch.distributed wraps the hook it finds and captures stderr around it, printing what it
+    # caught afterwards; the abort below ends the process first, so write to the real stderr.
+    if sys.__stderr__ is not None:
+        sys.stderr = sys.__stderr__
     if env.traceback():
         traceback.print_exception(kind, err, tb)
     if err.__traceback__ is None:

@@ -411,6 +411,49 @@ class Communicator:
             return Staging.from_mpi(recv, result)
         return self._run('alltoall', run, async_op)
 
+    def alltoallv(self, t: torch.Tensor, send_counts, recv_counts, out: torch.Tensor | None = None,
+                  async_op: bool = False):
+        """Rank r sends rows send_counts[j] of t (dim 0, in order) to rank j and receives
+        recv_counts[j] rows from it, concatenated in rank order.  The counts of every pair of
+        ranks must agree (checked: a disagreement names the ranks instead of hanging)."""
+        check_dtype(t)
+        rows = t.shape[0] if t.dim() else 1
+        send_counts, recv_counts = list(send_counts), list(recv_counts)
+        if len(send_counts) != self.size or sum(send_counts) != rows or min(send_counts) < 0:
+            raise PsrtError(f"alltoallv: send counts {send_counts} must be {self.size} non-negative "
+                            f"numbers adding up to dim 0 of the input ({rows})")
+        if len(recv_counts) != self.size or min(recv_counts) < 0:
+            raise PsrtError(f"alltoallv: receive counts {recv_counts} must be {self.size} "
+                            "non-negative numbers")
+        tail = tuple(t.shape[1:])
+        shape = (sum(recv_counts),) + tail
+        self._check_out(out, shape, t.dtype, "alltoallv")
+        self._verify("alltoallv", dtype=t.dtype, row=tail)
+        if self.check == "all" or "alltoallv:counts" not in self._checked:
+            self._checked.add("alltoallv:counts")
+            self._check_pairs(send_counts, recv_counts)
+        row = math.prod(tail)
+
+        def run():
+            send = self._work(t)
+            recv = torch.empty(sum(recv_counts) * row, dtype=t.dtype, device=send.device)
+            native.alltoallv(self.comm, send, [c * row for c in send_counts], recv,
+                             [c * row for c in recv_counts])
+            result = out if out is not None else torch.empty(shape, dtype=t.dtype, device=t.device)
+            return Staging.from_mpi(recv, result)
+        return self._run('alltoallv', run, async_op)
+
+    def _check_pairs(self, send_counts: list[int], recv_counts: list[int]) -> None:
+        """What rank i sends to j must be what j expects from i."""
+        sends = self._meta.allgather(send_counts)
+        recvs = self._meta.allgather(recv_counts)
+        bad = [(i, j) for i in range(self.size) for j in range(self.size) if sends[i][j] != recvs[j][i]]
+        if bad:
+            listing = "; ".join(f"rank {i} sends {sends[i][j]} rows to rank {j}, which expects "
+                                f"{recvs[j][i]}" for i, j in bad[:4])
+            raise CollectiveMismatch(f"alltoallv: counts disagree between ranks ({listing})",
+                                     everywhere=True)
+
     def barrier(self, async_op: bool = False):
         self._verify("barrier")
 

@@ -87,3 +87,12 @@ def alltoall(comm, send: torch.Tensor, recv: torch.Tensor) -> None:
     n = comm.size
     k = send.numel() // n
     comm.Alltoall([sspec[0], k, sspec[2]], [rspec[0], k, rspec[2]])
+
+
+def alltoallv(comm, send: torch.Tensor, send_counts: list[int], recv: torch.Tensor,
+              recv_counts: list[int]) -> None:
+    """Rank r sends send_counts[j] elements to rank j and receives recv_counts[j] from it."""
+    sspec, _ = _typed(send, "sum")
+    rspec, _ = _typed(recv, "sum")
+    comm.Alltoallv([sspec[0], send_counts, offsets(send_counts)[:-1], sspec[2]],
+                   [rspec[0], recv_counts, offsets(recv_counts)[:-1], rspec[2]])

@@ -19,6 +19,9 @@ from psrt.errors import PsrtError
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_RING_SEGMENT = 1 << 22     # 4 MiB; why: psrt/collectives/ring.py
 CHECK_MODES = ("all", "cheap", "off")
+# The algorithms a torch.distributed group on psrt may use (psrt.collectives.algorithms names
+# them all; 'torch' is left out, as it would call the group itself).
+BACKEND_ALGORITHMS = ("auto", "ring", "doubling", "halving-doubling", "tree", "ps", "native")
 
 
 def _positive_float(text: str) -> float:
@@ -74,6 +77,10 @@ VARIABLES = {v.name: v for v in (
     Variable("PSRT_YIELD", _flag, "0 or 1", None,
              "`1`/`0`: ranks waiting in MPI yield the core (Open MPI's `mpi_yield_when_idle`) or "
              "busy-poll (default: yield when a host runs more ranks than it has cores)"),
+    Variable("PSRT_ALGORITHM", _one_of(*BACKEND_ALGORITHMS), ", ".join(BACKEND_ALGORITHMS), "auto",
+             "the algorithm of the `psrt` torch.distributed backend's collectives: `auto` "
+             "(default), `ring`, `ps`, `halving-doubling`, `tree`, `doubling` or `native` (the MPI "
+             "library's); a group's `pg_options` win"),
     Variable("PSRT_TRACEBACK", _flag, "0 or 1", False,
              "`1`: print the full traceback before the one-line error"),
 )}
@@ -118,9 +125,12 @@ def ring_segment_bytes() -> int:
     return get("PSRT_RING_SEGMENT")
 
 
+def algorithm() -> str:
+    return get("PSRT_ALGORITHM")
+
+
 def master_addr() -> str | None:
     return get("PSRT_MASTER_ADDR")
-
 
 
 def traceback() -> bool:

@@ -13,10 +13,10 @@ ROOT = Path(__file__).resolve().parents[2]
 GOOD = {"PSRT_TIMEOUT": ("12.5", 12.5), "PSRT_CHECK": ("all", "all"), "PSRT_CUDA_AWARE": ("0", False),
         "PSRT_TUNING": ("t.json", "t.json"), "PSRT_RING_SEGMENT": ("65536", 65536),
         "PSRT_MASTER_ADDR": ("198.18.0.1", "198.18.0.1"), "PSRT_TRACEBACK": ("1", True),
-        "PSRT_YIELD": ("0", False)}
+        "PSRT_YIELD": ("0", False), "PSRT_ALGORITHM": ("ps", "ps")}
 BAD = {"PSRT_TIMEOUT": ["-3", "0", "soon", "inf"], "PSRT_CHECK": ["most"], "PSRT_CUDA_AWARE": ["yes", "2"],
        "PSRT_RING_SEGMENT": ["0", "4MiB", "-1"], "PSRT_TRACEBACK": ["true"],
-       "PSRT_YIELD": ["yes"]}
+       "PSRT_YIELD": ["yes"], "PSRT_ALGORITHM": ["torch", "fast"]}
 
 
 def test_every_variable_is_covered_here():
@@ -58,3 +58,8 @@ def test_no_module_but_env_reads_a_psrt_variable():
             if re.search(r"""(environ\.get\(|environ\[|getenv\()\s*["']PSRT_""", line):
                 readers.append(f"{path.relative_to(ROOT)}:{i}")
     assert not readers, readers
+
+
+def test_backend_algorithms_are_psrts_own_less_torch():
+    from psrt.collectives.algorithms import ALL_ALGORITHMS
+    assert set(env.BACKEND_ALGORITHMS) == set(ALL_ALGORITHMS) - {"torch"}

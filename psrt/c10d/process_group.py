@@ -1,0 +1,477 @@
+"""`ProcessGroupPsrt`: torch.distributed's ProcessGroup interface over psrt's Communicator.
+
+Every collective is queued, in call order, to one worker thread per group (MPI requires all
+ranks to start collectives on a communicator in the same order, MPI 4.1 sec. 6.14) and runs
+there as a blocking psrt call; the caller gets a `Work` at once, so DDP's bucket all-reduces
+overlap the rest of backward.  Point-to-point calls start non-blocking MPI requests right away
+on a communicator of their own, so a paired `batch_isend_irecv` cannot deadlock and user
+messages never match the messages of psrt's algorithms.
+
+Tensors of a dtype psrt's transport does not reduce (int16, complex, float8, ...) travel as
+bytes for data movement; complex sums reduce as pairs of reals.  CUDA tensors are ordered
+against the stream that was current at call time: an event recorded there is awaited by the
+worker before MPI touches the memory.
+"""
+from __future__ import annotations
+
+import atexit
+import datetime
+import threading
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from psrt import env
+from psrt.c10d.work import Work, completed
+from psrt.collectives.communicator import Communicator
+from psrt.collectives.executor import Executor
+from psrt.errors import PsrtError
+from psrt.transport import SUPPORTED_DTYPES, msg, np_view
+
+RedOpType = dist.ReduceOp.RedOpType
+_OPS = {RedOpType.SUM: "sum", RedOpType.AVG: "avg", RedOpType.PRODUCT: "prod",
+        RedOpType.MIN: "min", RedOpType.MAX: "max", RedOpType.PREMUL_SUM: "sum"}
+_BITWISE = {RedOpType.BAND: "BAND", RedOpType.BOR: "BOR", RedOpType.BXOR: "BXOR"}
+
+
+@dataclass(frozen=True)
+class Options:
+    """Per-group settings, passed as `pg_options` to init_process_group or new_group.
+
+    algorithm: psrt's algorithm for this group's collectives (default PSRT_ALGORITHM, 'auto').
+    check: cross-rank argument checking, 'all', 'cheap' or 'off' (default PSRT_CHECK).
+    """
+    algorithm: str | None = None
+    check: str | None = None
+
+    def __post_init__(self):
+        if self.algorithm is not None and self.algorithm not in env.BACKEND_ALGORITHMS:
+            raise PsrtError(f"psrt backend: algorithm {self.algorithm!r} is not one of "
+                            f"{', '.join(env.BACKEND_ALGORITHMS)}")
+        if self.check is not None and self.check not in env.CHECK_MODES:
+            raise PsrtError(f"psrt backend: check {self.check!r} is not one of {', '.join(env.CHECK_MODES)}")
+
+
+def reduce_op(op) -> tuple[str, object]:
+    """(psrt op name, pre-multiplication factor or None) for a torch ReduceOp."""
+    kind = op.op if isinstance(op, dist.ReduceOp) else op
+    if kind in _BITWISE:
+        return _BITWISE[kind], None
+    if kind not in _OPS:
+        raise PsrtError(f"psrt backend: reduce op {kind} is not supported")
+    return _OPS[kind], (op.factor if kind == RedOpType.PREMUL_SUM else None)
+
+
+def _wire_dtype(t: torch.Tensor) -> torch.dtype:
+    return t.dtype if t.dtype in SUPPORTED_DTYPES else torch.uint8
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """t as a 1-D tensor of a dtype the transport moves: itself (a view when contiguous), or
+    its bytes."""
+    flat = t.reshape(-1)
+    return flat if flat.dtype in SUPPORTED_DTYPES else flat.contiguous().view(torch.uint8)
+
+
+def _numel(t: torch.Tensor) -> int:
+    """Elements of `_flat(t)`."""
+    return t.numel() * (t.element_size() if _wire_dtype(t) != t.dtype else 1)
+
+
+def _store(flat: torch.Tensor, into: torch.Tensor) -> None:
+    """Copy a result produced by `_flat`-style tensors back into the user's tensor."""
+    if flat.dtype != into.dtype:
+        flat = flat.view(into.dtype)
+    if flat.data_ptr() != into.data_ptr() or not into.is_contiguous():
+        into.copy_(flat.view(into.shape))
+
+
+def _split_into(flat: torch.Tensor, outs: list[torch.Tensor]) -> None:
+    start = 0
+    for o in outs:
+        n = _numel(o)
+        _store(flat[start:start + n], o)
+        start += n
+
+
+def _reducible(t: torch.Tensor, op: str) -> torch.Tensor:
+    """t (contiguous) in a dtype psrt reduces: complex sums as pairs of reals."""
+    if t.is_complex() and op in ("sum", "avg"):
+        return torch.view_as_real(t)
+    if t.dtype not in SUPPORTED_DTYPES:
+        raise PsrtError(f"psrt backend: cannot reduce a {t.dtype} tensor with {op!r} "
+                        f"(reducible: {', '.join(str(d).replace('torch.', '') for d in SUPPORTED_DTYPES)})")
+    return t
+
+
+class ProcessGroupPsrt(dist.ProcessGroup):
+    """A torch.distributed process group whose collectives are psrt's.
+
+    Args:
+        comm: the mpi4py communicator of the group's ranks, in group-rank order.
+        options: `Options` (algorithm, check).
+        timeout: how long `Work.wait()` may block by default.
+    """
+
+    def __init__(self, comm, options: Options | None = None, timeout: datetime.timedelta | None = None):
+        super().__init__(comm.Get_rank(), comm.Get_size())
+        options = options or Options()
+        self.algorithm = options.algorithm or env.algorithm()
+        self.group = Communicator(comm, algorithm=self.algorithm, check=options.check)
+        self._p2p = comm.Dup()      # user messages never match psrt's algorithms' messages
+        self._worker = Executor(name="psrt-c10d")
+        self._timeout = timeout
+        self._closed = False
+        self._group_name = self._group_desc = ""
+        # Stop the worker before the interpreter (and then MPI) shuts down, when the program
+        # did not call destroy_process_group: a daemon thread cut off inside torch aborts.
+        atexit.register(self.shutdown)
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupPsrt(rank={self.rank()}, size={self.size()}, algorithm={self.algorithm!r})"
+
+    def getBackendName(self) -> str:
+        return "psrt"
+
+    # torch names every group and finds it by name (DeviceMesh, functional collectives).  The
+    # C++ base keeps the name in a backend object that a group written in Python does not
+    # have, so the name lives here.
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return self._group_desc
+
+    @property
+    def _device_types(self):
+        return [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+
+    # ------------------------------------------------------------ running a call
+    def _submit(self, name: str, tensors: list, fn) -> Work:
+        """Queue fn (which does the whole call) and return its Work."""
+        if self._closed:
+            raise PsrtError(f"psrt backend: {name} on a group that was shut down")
+        work = Work(tensors)
+        event = None
+        if any(t.is_cuda for t in tensors):
+            event = torch.cuda.Event()
+            event.record()      # the caller's current stream, at call time
+
+        def job():
+            try:
+                if event is not None:
+                    event.synchronize()
+                fn()
+                if event is not None:
+                    torch.cuda.current_stream().synchronize()   # copies back are visible
+            except BaseException as err:  # noqa: BLE001 - handed to Work, raised by wait()
+                work._finish(err)
+                return
+            work._finish()
+
+        if threading.current_thread().name == "psrt-c10d":
+            job()   # a future's callback issuing a collective: run it now, in order
+        else:
+            self._worker.submit(job)
+        return work
+
+    # ------------------------------------------------------------ reductions
+    def _allreduce_one(self, t: torch.Tensor, opts_op) -> None:
+        op, factor = reduce_op(opts_op)
+        if op in ("BAND", "BOR", "BXOR"):
+            self._bitwise(t, op)
+            return
+        work = t if t.is_contiguous() else t.contiguous()
+        if factor is not None:
+            work.mul_(factor)
+        buf = _reducible(work, op)
+        self.group.allreduce(buf, op, out=buf)
+        if work.data_ptr() != t.data_ptr():
+            t.copy_(work)
+
+    def _bitwise(self, t: torch.Tensor, op: str) -> None:
+        from mpi4py import MPI
+        if t.is_floating_point() or t.is_cuda:
+            raise PsrtError(f"psrt backend: {op} needs an integer or bool CPU tensor, got {t.dtype} on {t.device}")
+        buf = t.contiguous()
+        self.group.comm.Allreduce(MPI.IN_PLACE, np_view(buf), getattr(MPI, op))
+        if buf.data_ptr() != t.data_ptr():
+            t.copy_(buf)
+
+    def allreduce(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.AllreduceOptions()
+        tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+        op = opts.reduceOp
+
+        def run():
+            for t in tensors:
+                self._allreduce_one(t, op)
+        return self._submit("allreduce", tensors, run)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
+        tensors = list(tensors)
+        op = opts.reduceOp
+
+        def run():
+            by_dtype: dict = {}
+            for t in tensors:
+                by_dtype.setdefault((t.dtype, t.device), []).append(t)
+            for group in by_dtype.values():
+                flat = torch._utils._flatten_dense_tensors(group)
+                self._allreduce_one(flat, op)
+                for t, r in zip(group, torch._utils._unflatten_dense_tensors(flat, group)):
+                    t.copy_(r)
+        return self._submit("allreduce_coalesced", tensors, run)
+
+    def reduce(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.ReduceOptions()
+        t, root = tensors[0], opts.rootRank
+        op, factor = reduce_op(opts.reduceOp)
+
+        def run():
+            work = t.contiguous() if factor is None else t * factor
+            buf = _reducible(work, op)      # a view of work: reducing buf fills work
+            is_root = self.rank() == root
+            self.group.reduce(buf, root=root, op=op, out=buf if is_root else None)
+            if is_root and work.data_ptr() != t.data_ptr():
+                t.copy_(work)
+        return self._submit("reduce", [t], run)
+
+    def _reduce_scatter_flat(self, src: torch.Tensor, out: torch.Tensor, counts: list[int], opts_op) -> None:
+        op, factor = reduce_op(opts_op)
+        if factor is not None:
+            src = src * factor
+        src = _reducible(src.contiguous(), op).reshape(-1)
+        scale = src.numel() // max(1, sum(counts))      # 2 for complex viewed as reals
+        target = out.reshape(-1) if out.is_contiguous() and not out.is_complex() else None
+        result = self.group.reduce_scatter(src, op, counts=[c * scale for c in counts], out=target)
+        if target is None:
+            out.copy_(torch.view_as_complex(result.view(-1, 2)).view(out.shape) if out.is_complex()
+                      else result.view(out.shape))
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        out, parts = output_tensors[0], list(input_tensors[0])
+
+        def run():
+            src = torch.cat([p.reshape(-1) for p in parts])
+            self._reduce_scatter_flat(src, out, [p.numel() for p in parts], opts.reduceOp)
+        return self._submit("reduce_scatter", [out], run)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        if input.numel() != output.numel() * self.size():
+            raise PsrtError(f"psrt backend: reduce_scatter_tensor: input has {input.numel()} elements, "
+                            f"expected {self.size()} x {output.numel()}")
+
+        def run():
+            self._reduce_scatter_flat(input, output, [output.numel()] * self.size(), opts.reduceOp)
+        return self._submit("reduce_scatter_tensor", [output], run)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        outputs, inputs = list(outputs), list(inputs)
+
+        def run():
+            for out, src in zip(outputs, inputs):
+                self._reduce_scatter_flat(src, out, [out.numel()] * self.size(), opts.reduceOp)
+        return self._submit("reduce_scatter_tensor_coalesced", outputs, run)
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    # ------------------------------------------------------------ data movement
+    def broadcast(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.BroadcastOptions()
+        tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+        root = opts.rootRank
+
+        def run():
+            for t in tensors:
+                flat = _flat(t)
+                self.group.broadcast(flat, root=root)
+                _store(flat, t)
+        return self._submit("broadcast", tensors, run)
+
+    def _allgather_flat(self, src: torch.Tensor, counts: list[int], out: torch.Tensor | None):
+        if out is not None and out.dtype != src.dtype:
+            out = None
+        return self.group.allgather(src, counts=counts, out=out)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        outs, t = list(output_tensors[0]), input_tensors[0]
+        if len(outs) != self.size():
+            raise PsrtError(f"psrt backend: all_gather needs {self.size()} output tensors, got {len(outs)}")
+
+        def run():
+            flat = self._allgather_flat(_flat(t), [_numel(o) for o in outs], None)
+            _split_into(flat, outs)
+        return self._submit("allgather", outs, run)
+
+    def _gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        if output.numel() != input.numel() * self.size():
+            raise PsrtError(f"psrt backend: all_gather_into_tensor: output has {output.numel()} "
+                            f"elements, expected {self.size()} x {input.numel()}")
+        src = _flat(input)
+        direct = output.view(-1) if output.is_contiguous() else None
+        flat = self._allgather_flat(src, [src.numel()] * self.size(), direct)
+        if direct is None or flat.data_ptr() != output.data_ptr():
+            _store(flat, output)
+
+    def all_gather_single(self, output, input, opts=None):
+        return self._submit("all_gather_into_tensor", [output],
+                            lambda: self._gather_into_tensor(output, input))
+
+    _allgather_base = all_gather_single
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        outputs, inputs = list(outputs), list(inputs)
+
+        def run():
+            for out, src in zip(outputs, inputs):
+                self._gather_into_tensor(out, src)
+        return self._submit("allgather_into_tensor_coalesced", outputs, run)
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        output_lists, input_list = [list(o) for o in output_lists], list(input_list)
+
+        def run():
+            for outs, t in zip(output_lists, input_list):
+                _split_into(self._allgather_flat(_flat(t), [_numel(o) for o in outs], None), outs)
+        return self._submit("allgather_coalesced", [o for outs in output_lists for o in outs], run)
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        opts = opts if opts is not None else dist.GatherOptions()
+        root, t = opts.rootRank, input_tensors[0]
+        outs = list(output_tensors[0]) if self.rank() == root else []
+
+        def run():
+            flat = self.group.gather(_flat(t), root=root)
+            if self.rank() == root:
+                _split_into(flat, outs)
+        return self._submit("gather", outs, run)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts if opts is not None else dist.ScatterOptions()
+        root, out = opts.rootRank, output_tensors[0]
+        parts = list(input_tensors[0]) if self.rank() == root else []
+
+        def run():
+            src = torch.cat([_flat(p) for p in parts]) if parts else None
+            counts = [_numel(p) for p in parts] if parts else None
+            _store(self.group.scatter(src, root=root, counts=counts), out)
+        return self._submit("scatter", [out], run)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        n = self.size()
+
+        def counts(t, splits, what):
+            rows = t.shape[0] if t.dim() else 1
+            splits = list(splits) if splits else [rows // n] * n
+            if not splits or sum(splits) != rows or (not list(splits) and rows % n):
+                raise PsrtError(f"psrt backend: all_to_all_single: {what} splits {splits} do not add "
+                                f"up to dim 0 ({rows})")
+            row = _numel(t) // rows if rows else 0
+            return [s * row for s in splits]
+
+        send, recv = counts(input, input_split_sizes, "input"), counts(output, output_split_sizes, "output")
+
+        def run():
+            flat = self.group.alltoallv(_flat(input), send, recv)
+            _store(flat, output)
+        return self._submit("all_to_all_single", [output], run)
+
+    all_to_all_single = alltoall_base
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        outs, ins = list(output_tensors), list(input_tensors)
+
+        def run():
+            src = torch.cat([_flat(t) for t in ins])
+            flat = self.group.alltoallv(src, [_numel(t) for t in ins], [_numel(o) for o in outs])
+            _split_into(flat, outs)
+        return self._submit("alltoall", outs, run)
+
+    def barrier(self, opts=None):
+        return self._submit("barrier", [], self.group.barrier)
+
+    # ------------------------------------------------------------ point to point
+    def send(self, tensors, dst: int, tag: int):
+        t = tensors[0]
+        buf = _flat(t).contiguous()
+        if buf.is_cuda and not self.group._staging.direct_cuda:
+            buf = buf.cpu()
+        request = self._p2p.Isend(msg(buf), dst, tag)
+        return _P2PWork(request, [t], keep=buf)
+
+    def recv(self, tensors, src: int, tag: int):
+        from mpi4py import MPI
+        t = tensors[0]
+        flat = _flat(t)
+        buf = flat if flat.is_contiguous() and flat.data_ptr() == t.data_ptr() else torch.empty_like(flat)
+        if buf.is_cuda and not self.group._staging.direct_cuda:
+            buf = torch.empty(buf.shape, dtype=buf.dtype)
+        request = self._p2p.Irecv(msg(buf), MPI.ANY_SOURCE if src < 0 else src, tag)
+        return _P2PWork(request, [t], keep=buf, into=t)
+
+    def recv_anysource(self, tensors, tag: int):
+        return self.recv(tensors, -1, tag)
+
+    # ------------------------------------------------------------ life cycle
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.shutdown)
+        self._worker.close()
+        self.group.close()
+        self._p2p.Free()
+
+    def abort(self) -> None:
+        self.shutdown()
+
+
+class _P2PWork(Work):
+    """A send or receive in flight: an MPI request, completed by wait()."""
+
+    def __init__(self, request, result: list, keep: torch.Tensor, into: torch.Tensor | None = None):
+        super().__init__(result)
+        self._request, self._keep, self._into = request, keep, into
+        self._lock = threading.Lock()
+
+    def _complete(self) -> None:
+        with self._lock:
+            if self._done.is_set():
+                return
+            self._request.Wait()
+            if self._into is not None:
+                _store(self._keep.to(self._into.device), self._into)
+            self._finish()
+
+    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
+        try:
+            self._complete()
+        except BaseException as err:  # noqa: BLE001
+            self._finish(err)
+        return super().wait(timeout)
+
+    def is_completed(self) -> bool:
+        if not self._done.is_set() and self._request.Test():
+            self._complete()
+        return self._done.is_set()
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future

@@ -1,0 +1,87 @@
+"""`Work`: how a psrt collective reports back to torch.distributed.
+
+torch.distributed hands every collective's result back as a `Work` whose `wait()` blocks until
+it is done and whose `get_future()` feeds DDP's reducer, comm hooks and functional
+collectives.  A failure has to reach all of them: `wait()` raises the error in the caller, and
+the future is completed with the error, so `future.wait()` and `future.value()` raise it too
+(DDP's reducer reads the value, so a failed bucket surfaces in `loss.backward()`).
+"""
+from __future__ import annotations
+
+import datetime
+import threading
+
+import torch
+import torch.distributed as dist
+
+
+class _Failed:
+    """The value of a source future whose collective failed."""
+
+    def __init__(self, error: BaseException):
+        self.error = error if isinstance(error, Exception) else RuntimeError(str(error))
+
+
+def _unwrap(source: torch.futures.Future):
+    value = source.value()
+    if isinstance(value, _Failed):
+        raise value.error
+    return value
+
+
+class Work(dist.Work):
+    """One collective in flight on a psrt process group."""
+
+    def __init__(self, result: list):
+        super().__init__()
+        self._result = result                 # the tensors the future resolves to
+        # A Python future completed with set_exception holds the exception as its *value*:
+        # C++ readers (DDP's reducer) take that for success and crash on it.  An exception
+        # raised inside a `then` callback is a real error of the child future in C++ too, so
+        # the future handed out is a child that re-raises a failure.
+        self._source = torch.futures.Future()
+        self._future = self._source.then(_unwrap)
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+
+    # ---------------------------------------------------------- completion (worker thread)
+    def _finish(self, error: BaseException | None = None) -> None:
+        self._error = error
+        # The future first: whoever wait() releases may read the future's value at once.
+        self._source.set_result(self._result if error is None else _Failed(error))
+        self._done.set()
+
+    # ---------------------------------------------------------- dist.Work
+    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
+        seconds = timeout.total_seconds() if timeout else 0
+        if not self._done.wait(seconds if seconds > 0 else None):
+            raise TimeoutError(f"psrt collective not finished after {seconds:g} s")
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def result(self) -> list:
+        self.wait()
+        return self._result
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+
+def completed(result: list) -> Work:
+    """A Work that is already done (a call that moved no data)."""
+    work = Work(result)
+    work._finish()
+    return work

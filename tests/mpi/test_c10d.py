@@ -1,0 +1,108 @@
+"""The psrt torch.distributed backend, with PyTorch's own code as the reference.
+
+tests/mpi/ranks/c10d_consumers.py runs DDP (comm hook, find_unused_parameters, no_sync), FSDP2
+(reshard after forward on and off), DCP save then load, DTensor tensor parallel on a 2-D
+(dp x tp) mesh at N = 4, pipelining (GPipe, 1F1B) and the object collectives, once on gloo
+and once on psrt, at N = 2, 3 and 4; every loss and final parameter must agree.  On psrt it also
+runs DDP once per psrt algorithm, each on its own group, against gloo's DDP.
+
+Tolerance: both backends sum fp32 gradients of 2-4 ranks in different orders (a few ulps per
+step, three steps), so rtol 1e-5 / atol 1e-6 holds while a lost, doubled or unaveraged
+gradient moves a parameter by 1e-2 or more.  The fp16 comm hook rounds each gradient to 11
+significant bits before summing, in a different order per backend: atol 1e-3 (see
+test_ddp_equivalence for the bound).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import MPI_SCRIPTS, ROOT, RankRun
+
+torch = pytest.importorskip("torch")
+
+SIZES = (2, 3, 4)
+ALGORITHMS = ("ring", "ps", "halving-doubling", "tree", "doubling", "native")
+
+
+@pytest.fixture(scope="module")
+def consumers(tmp_path_factory):
+    """{(backend, N): results} for every size, each run once for the module."""
+    from conftest import mpirun_argv
+    out = {}
+    base = tmp_path_factory.mktemp("c10d")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    for n in SIZES:
+        for backend in ("gloo", "psrt"):
+            path, ckpt = base / f"{backend}{n}.pt", base / f"ckpt-{backend}{n}"
+            cmd = mpirun_argv(n) + [sys.executable, str(MPI_SCRIPTS / "c10d_consumers.py"), backend,
+                                    str(path), str(ckpt)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env,
+                                  stdin=subprocess.DEVNULL)
+            RankRun(proc).check()
+            out[backend, n] = torch.load(path, weights_only=False)
+    return out
+
+
+def assert_same(got, want, path: str, atol: float = 1e-6):
+    if isinstance(want, dict):
+        assert set(got) == set(want), f"{path}: keys {sorted(got)} != {sorted(want)}"
+        for k in want:
+            assert_same(got[k], want[k], f"{path}.{k}", atol)
+    elif isinstance(want, torch.Tensor):
+        assert got.shape == want.shape, f"{path}: shape {got.shape} != {want.shape}"
+        err = (got.double() - want.double()).abs().max().item() if want.numel() else 0.0
+        assert torch.allclose(got, want, rtol=1e-5, atol=atol), f"{path}: max difference {err}"
+    else:
+        assert got == want, f"{path}: {got!r} != {want!r}"
+
+
+CONSUMERS = ("ddp", "ddp-hook", "ddp-unused", "ddp-no_sync", "fsdp-reshard", "fsdp-keep", "dcp",
+             "tp", "pipeline-gpipe", "pipeline-1f1b", "objects")
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("name", CONSUMERS)
+def test_pytorch_code_on_psrt_equals_gloo(consumers, name, n):
+    psrt_run, gloo_run = consumers["psrt", n], consumers["gloo", n]
+    assert_same(psrt_run[name], gloo_run[name], f"{name} N={n}", atol=1e-3 if name == "ddp-hook" else 1e-6)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_training_moves_the_parameters(consumers, n):
+    """Guards the comparison: had no step changed anything, equal results would prove little."""
+    run = consumers["psrt", n]
+    for name in ("ddp", "fsdp-reshard", "tp"):
+        moved = max((run[name]["params"][k] - v).abs().max().item() for k, v in run["init"].items())
+        assert moved > 1e-2, f"{name}: parameters moved by {moved} only"
+    assert run["dcp"]["same"], "DCP load did not restore the saved FSDP2 parameters"
+    assert run["objects"]["all_gather"] == [{"rank": r, "word": "x" * (r + 1)} for r in range(n)]
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_ddp_on_every_psrt_algorithm_equals_gloo(consumers, algorithm, n):
+    assert_same(consumers["psrt", n][f"ddp-{algorithm}"], consumers["gloo", n]["ddp"],
+                f"ddp on {algorithm} N={n}")
+
+
+@pytest.mark.parametrize("n", (2, 3, 5))
+def test_every_call_and_error(run_ranks, n):
+    """Each collective against its definition (all ReduceOps, dtypes, uneven all-to-all, p2p,
+    odd subgroups), then a mismatched call, and a failing all-reduce seen by DDP's backward,
+    the future and Work.wait (tests/mpi/ranks/c10d_ops.py)."""
+    run = run_ranks(n, "c10d_ops.py", timeout=200).check()
+    assert run.stdout.count("c10d ops ok") == n
+
+
+def test_one_plain_process():
+    """No launcher, no MASTER_ADDR: a process of its own is a world of one."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMIX_", "PMI_", "MASTER_", "RANK", "WORLD_SIZE"))}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(MPI_SCRIPTS / "c10d_ops.py")], capture_output=True,
+                          text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+    RankRun(proc).check()
+    assert "rank 0: c10d ops ok" in proc.stdout

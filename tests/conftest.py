@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -89,3 +90,21 @@ def write_hostfile(tmp_path, text, name="hosts"):
 def root_flag():
     """Open MPI refuses root unless told: the planner adds this flag when run as root."""
     return ["--allow-run-as-root"] if os.geteuid() == 0 else []
+
+
+# --- horovodrun, shared by the Horovod and torch.distributed backend tests ------------------
+def horovodrun(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """horovodrun ARGS from the repository root (skips when horovodrun is not installed)."""
+    exe = Path(sys.executable).with_name("horovodrun")
+    exe = str(exe) if exe.exists() else shutil.which("horovodrun")
+    if exe is None:
+        pytest.skip("horovodrun is not on PATH")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_COMM_", "OMPI_MCA_orte_", "OMPI_MCA_ess", "PMIX_", "PMI_"))}
+    # horovodrun's mpirun line declares `-H localhost:N` slots, so Open MPI neither lets root
+    # run nor knows the cores are shared: ask by environment, and make idle ranks yield.
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1",
+               OMPI_MCA_mpi_yield_when_idle="1")
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, env=env,
+                          stdin=subprocess.DEVNULL, cwd=ROOT)

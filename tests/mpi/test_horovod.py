@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import horovodrun
 
 ROOT = Path(__file__).resolve().parents[2]
 MPI_SCRIPTS = ROOT / "tests" / "mpi" / "ranks"
@@ -138,25 +137,9 @@ def test_example_horovod_vs_ring(horovod, run_ranks):
 
 # ------------------------------------------------------------------ under horovodrun
 
-def _horovodrun(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    exe = Path(sys.executable).with_name("horovodrun")
-    exe = str(exe) if exe.exists() else shutil.which("horovodrun")
-    if exe is None:
-        pytest.skip("horovodrun is not on PATH")
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OMPI_COMM_", "OMPI_MCA_orte_", "OMPI_MCA_ess", "PMIX_", "PMI_"))}
-    # horovodrun's mpirun line declares `-H localhost:N` slots, so Open MPI neither lets root
-    # run nor knows the cores are shared: ask by environment, and make idle ranks yield.
-    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
-               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1",
-               OMPI_MCA_mpi_yield_when_idle="1")
-    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, env=env,
-                          stdin=subprocess.DEVNULL, cwd=ROOT)
-
-
 @pytest.mark.mpi
 def test_horovodrun_mpi_mode(horovod):
-    proc = _horovodrun("-np", "2", sys.executable, str(MPI_SCRIPTS / "dp_equivalence.py"),
+    proc = horovodrun("-np", "2", sys.executable, str(MPI_SCRIPTS / "dp_equivalence.py"),
                        "--dp", "horovod", "--accum", "2")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     _check_equivalent(_records(proc.stdout), 2)
@@ -166,7 +149,7 @@ def test_horovodrun_mpi_mode(horovod):
 def test_horovodrun_gloo_mode_says_to_launch_with_mpi(horovod):
     """horovodrun --gloo starts processes without MPI (each an MPI world of one): psrt cannot
     join them, and says so in one line instead of training N unrelated copies."""
-    proc = _horovodrun("--gloo", "-np", "2", sys.executable, "-m", "psrt.train", "--dp", "horovod",
+    proc = horovodrun("--gloo", "-np", "2", sys.executable, "-m", "psrt.train", "--dp", "horovod",
                        "--steps", "1", "--quiet")
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0, text[-3000:]

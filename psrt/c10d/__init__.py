@@ -30,12 +30,47 @@ BACKEND = "psrt"
 _RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 
 
+class Job:
+    """The process's MPI world, and the watchdog over every psrt group carved out of it."""
+
+    def __init__(self):
+        from psrt.world import init
+        self.world = init(export_env=False)
+        self.watchdog = None
+
+    def watch(self, group) -> None:
+        """Have the watchdog name a rank that stops calling `group` (a psrt Communicator).
+        Its first call, for the default group, is collective: every rank makes it."""
+        from psrt import env
+        from psrt.watchdog import Watchdog
+        if self.watchdog is None:
+            self.watchdog = Watchdog(self.world, timeout_s=env.timeout_s()).start()
+        self.watchdog.watch(group)
+
+    def stop(self) -> None:
+        """Stop the watchdog (collective: the default group is shut down on every rank)."""
+        if self.watchdog is not None:
+            self.watchdog.stop()
+            self.watchdog = None
+
+
 @functools.lru_cache(maxsize=1)
+def job() -> Job:
+    """The process's Job (MPI starts on first use).  Cached: torch's backend registry calls a
+    plain function per group, and every group is carved out of this one world."""
+    return Job()
+
+
 def job_world():
-    """The process's psrt World (MPI starts on first use).  Cached: torch's backend registry
-    calls a plain function per group, and every group is carved out of this one world."""
-    from psrt.world import init
-    return init(export_env=False)
+    """The process's psrt World."""
+    return job().world
+
+
+def launched_by_mpi() -> bool:
+    """Whether an MPI launcher (mpirun, srun, horovodrun, Hydra) started this process: a script
+    that also runs under torchrun can pick its backend with it."""
+    from psrt.world import detect_launcher
+    return detect_launcher() not in ("single", "torchrun")
 
 
 def _publish_rendezvous() -> None:
@@ -49,9 +84,11 @@ def _publish_rendezvous() -> None:
 
 def _create(common, options) -> ProcessGroupPsrt:
     """torch's factory for a group on this backend (`extended_api=True`)."""
-    world = job_world()
+    this = job()
+    world = this.world
     ranks = list(common.global_ranks_in_group) or list(range(common.group_size))
-    if len(ranks) == world.size:
+    default = len(ranks) == world.size
+    if default:
         if (common.group_rank, common.group_size) != (world.rank, world.size):
             raise PsrtError(f"psrt backend: torch.distributed says rank {common.group_rank} of "
                             f"{common.group_size}, MPI says rank {world.rank} of {world.size}: "
@@ -66,7 +103,10 @@ def _create(common, options) -> ProcessGroupPsrt:
         options = Options(**options)
     elif options is not None and not isinstance(options, Options):
         options = None     # torch passes its own empty options object when none were given
-    return ProcessGroupPsrt(comm, options, timeout=common.timeout)
+    pg = ProcessGroupPsrt(comm, options, timeout=common.timeout,
+                          on_shutdown=this.stop if this.watchdog is None else None)
+    this.watch(pg.group)
+    return pg
 
 
 def register() -> None:
@@ -87,4 +127,5 @@ def init_process_group(**kwargs):
 register()
 _publish_rendezvous()
 
-__all__ = ["BACKEND", "Options", "ProcessGroupPsrt", "Work", "init_process_group", "job_world", "register"]
+__all__ = ["BACKEND", "Job", "Options", "ProcessGroupPsrt", "Work", "init_process_group", "job", "job_world",
+           "launched_by_mpi", "register"]

@@ -23,8 +23,9 @@ import torch
 import torch.distributed as dist
 
 from psrt import env
-from psrt.c10d.work import Work, completed
+from psrt.c10d.work import Work
 from psrt.collectives.communicator import Communicator
+from psrt.collectives.p2p import poll
 from psrt.collectives.executor import Executor
 from psrt.errors import PsrtError
 from psrt.transport import SUPPORTED_DTYPES, msg, np_view
@@ -112,9 +113,11 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         comm: the mpi4py communicator of the group's ranks, in group-rank order.
         options: `Options` (algorithm, check).
         timeout: how long `Work.wait()` may block by default.
+        on_shutdown: called once the group is shut down (the first group stops the watchdog).
     """
 
-    def __init__(self, comm, options: Options | None = None, timeout: datetime.timedelta | None = None):
+    def __init__(self, comm, options: Options | None = None, timeout: datetime.timedelta | None = None,
+                 on_shutdown=None):
         super().__init__(comm.Get_rank(), comm.Get_size())
         options = options or Options()
         self.algorithm = options.algorithm or env.algorithm()
@@ -123,6 +126,7 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         self._worker = Executor(name="psrt-c10d")
         self._timeout = timeout
         self._closed = False
+        self._on_shutdown = on_shutdown
         self._group_name = self._group_desc = ""
         # Stop the worker before the interpreter (and then MPI) shuts down, when the program
         # did not call destroy_process_group: a daemon thread cut off inside torch aborts.
@@ -160,19 +164,23 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         """Queue fn (which does the whole call) and return its Work."""
         if self._closed:
             raise PsrtError(f"psrt backend: {name} on a group that was shut down")
-        work = Work(tensors)
+        work = Work(tensors, self._timeout, name)
+        device = next((t.device for t in tensors if t.is_cuda), None)
         event = None
-        if any(t.is_cuda for t in tensors):
+        if device is not None:
             event = torch.cuda.Event()
-            event.record()      # the caller's current stream, at call time
+            event.record(torch.cuda.current_stream(device))   # the caller's stream, at call time
 
         def job():
             try:
-                if event is not None:
-                    event.synchronize()
-                fn()
-                if event is not None:
-                    torch.cuda.current_stream().synchronize()   # copies back are visible
+                if device is None:
+                    fn()
+                else:
+                    # the worker thread has its own current device: use the tensors'
+                    with torch.cuda.device(device):
+                        event.synchronize()
+                        fn()
+                        torch.cuda.current_stream(device).synchronize()   # copies back are done
             except BaseException as err:  # noqa: BLE001 - handed to Work, raised by wait()
                 work._finish(err)
                 return
@@ -415,7 +423,7 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         if buf.is_cuda and not self.group._staging.direct_cuda:
             buf = buf.cpu()
         request = self._p2p.Isend(msg(buf), dst, tag)
-        return _P2PWork(request, [t], keep=buf)
+        return _P2PWork(request, [t], keep=buf, what=f"send to rank {dst} (tag {tag})")
 
     def recv(self, tensors, src: int, tag: int):
         from mpi4py import MPI
@@ -425,7 +433,8 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         if buf.is_cuda and not self.group._staging.direct_cuda:
             buf = torch.empty(buf.shape, dtype=buf.dtype)
         request = self._p2p.Irecv(msg(buf), MPI.ANY_SOURCE if src < 0 else src, tag)
-        return _P2PWork(request, [t], keep=buf, into=t)
+        return _P2PWork(request, [t], keep=buf, into=t,
+                        what=f"recv from {'any rank' if src < 0 else f'rank {src}'} (tag {tag})")
 
     def recv_anysource(self, tensors, tag: int):
         return self.recv(tensors, -1, tag)
@@ -439,16 +448,20 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         self._worker.close()
         self.group.close()
         self._p2p.Free()
+        if self._on_shutdown is not None:
+            self._on_shutdown()
 
     def abort(self) -> None:
         self.shutdown()
 
 
 class _P2PWork(Work):
-    """A send or receive in flight: an MPI request, completed by wait()."""
+    """A send or receive in flight: an MPI request, completed by wait() (within PSRT_TIMEOUT,
+    so a message that never comes is an error naming the peer, not a hang)."""
 
-    def __init__(self, request, result: list, keep: torch.Tensor, into: torch.Tensor | None = None):
-        super().__init__(result)
+    def __init__(self, request, result: list, keep: torch.Tensor, what: str,
+                 into: torch.Tensor | None = None):
+        super().__init__(result, name=what)
         self._request, self._keep, self._into = request, keep, into
         self._lock = threading.Lock()
 
@@ -456,7 +469,9 @@ class _P2PWork(Work):
         with self._lock:
             if self._done.is_set():
                 return
-            self._request.Wait()
+            timeout_s = env.timeout_s()
+            poll(self._request.Test, timeout_s,
+                 lambda: f"psrt backend: {self.name} not matched after {timeout_s:g} s (PSRT_TIMEOUT)")
             if self._into is not None:
                 _store(self._keep.to(self._into.device), self._into)
             self._finish()

@@ -32,8 +32,10 @@ def _unwrap(source: torch.futures.Future):
 class Work(dist.Work):
     """One collective in flight on a psrt process group."""
 
-    def __init__(self, result: list):
+    def __init__(self, result: list, timeout: datetime.timedelta | None = None, name: str = "collective"):
         super().__init__()
+        self.name = name
+        self._timeout = timeout               # the group's: wait() without one waits this long
         self._result = result                 # the tensors the future resolves to
         # A Python future completed with set_exception holds the exception as its *value*:
         # C++ readers (DDP's reducer) take that for success and crash on it.  An exception
@@ -53,9 +55,9 @@ class Work(dist.Work):
 
     # ---------------------------------------------------------- dist.Work
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
-        seconds = timeout.total_seconds() if timeout else 0
+        seconds = (timeout or self._timeout or datetime.timedelta(0)).total_seconds()
         if not self._done.wait(seconds if seconds > 0 else None):
-            raise TimeoutError(f"psrt collective not finished after {seconds:g} s")
+            raise TimeoutError(f"psrt backend: {self.name} not finished after {seconds:g} s")
         if self._error is not None:
             raise self._error
         return True
@@ -79,9 +81,3 @@ class Work(dist.Work):
     def get_future(self) -> torch.futures.Future:
         return self._future
 
-
-def completed(result: list) -> Work:
-    """A Work that is already done (a call that moved no data)."""
-    work = Work(result)
-    work._finish()
-    return work

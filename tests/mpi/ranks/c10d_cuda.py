@@ -1,0 +1,57 @@
+"""Rank-side: the psrt torch.distributed backend on CUDA tensors equals the same on CPU tensors,
+and a collective called on a side stream sees what that stream wrote before the call."""
+import json
+
+import torch
+import torch.distributed as dist
+
+import psrt.c10d
+
+psrt.c10d.init_process_group()
+world = psrt.c10d.job_world()
+torch.cuda.set_device(world.local_rank % torch.cuda.device_count())
+r, n = dist.get_rank(), dist.get_world_size()
+failures, checked = [], 0
+
+
+def expect(ok: bool, what: str) -> None:
+    global checked
+    checked += 1
+    if not ok:
+        failures.append(what)
+
+
+for dtype in (torch.float32, torch.bfloat16, torch.float16):
+    x = torch.full((1 << 16,), float(r + 1), device="cuda", dtype=dtype)
+    dist.all_reduce(x)
+    expect(torch.equal(x.cpu(), torch.full((1 << 16,), float(n * (n + 1) // 2), dtype=dtype)), f"all_reduce {dtype}")
+    out = torch.empty(4 * n, device="cuda", dtype=dtype)
+    dist.all_gather_into_tensor(out, torch.full((4,), float(r), device="cuda", dtype=dtype))
+    expect(out.cpu().tolist() == [float(j) for j in range(n) for _ in range(4)], f"all_gather {dtype}")
+# stream order: a side stream fills the tensor and the collective is called on that stream
+side = torch.cuda.Stream()
+with torch.cuda.stream(side):
+    big = torch.empty(1 << 22, device="cuda")
+    torch.cuda._sleep(50_000_000)          # keep the stream busy so a missed order shows
+    big.fill_(float(r + 1))
+    dist.all_reduce(big)
+torch.cuda.synchronize()
+expect(bool((big == n * (n + 1) / 2).all()), "all_reduce after a side-stream write")
+# DDP on CUDA against DDP on CPU, same seed and data
+for device in ("cpu", "cuda"):
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 4).to(device))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        g = torch.Generator().manual_seed(step * n + r)
+        x = torch.randn(8, 16, generator=g).to(device)
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    if device == "cpu":
+        ref = [p.detach().clone() for p in model.parameters()]
+    else:
+        expect(all(torch.allclose(p.detach().cpu(), q, atol=1e-5) for p, q in zip(model.parameters(), ref)),
+               "DDP on CUDA equals DDP on CPU")
+print("PSRT-RESULT " + json.dumps({"rank": r, "failures": failures, "checked": checked}), flush=True)
+dist.destroy_process_group()

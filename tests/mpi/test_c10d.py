@@ -15,8 +15,10 @@ test_ddp_equivalence for the bound).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import MPI_SCRIPTS, ROOT, RankRun
@@ -24,6 +26,7 @@ from conftest import MPI_SCRIPTS, ROOT, RankRun
 torch = pytest.importorskip("torch")
 
 SIZES = (2, 3, 4)
+EXAMPLE = ROOT / "examples" / "torch_ddp.py"
 ALGORITHMS = ("ring", "ps", "halving-doubling", "tree", "doubling", "native")
 
 
@@ -106,3 +109,56 @@ def test_one_plain_process():
                           text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
     RankRun(proc).check()
     assert "rank 0: c10d ops ok" in proc.stdout
+
+
+def test_a_rank_that_stops_calling_is_named(run_ranks):
+    """The watchdog covers the backend's calls: rank 1 never reaches an all_reduce."""
+    t0 = time.monotonic()
+    run = run_ranks(3, "c10d_stall.py", "1", timeout=90, env={"PSRT_TIMEOUT": "2"})
+    assert run.returncode != 0 and "finished" not in run.stdout
+    err = run.stderr
+    assert "psrt: watchdog: no progress for 2 s" in err, err[-3000:]
+    assert "rank 1 (" in err and "has not reached call" in err, err[-3000:]
+    assert time.monotonic() - t0 < 60
+
+
+# ------------------------------------------------------------------ the example, three launchers
+
+def _epochs(text: str) -> list[str]:
+    """The example's per-epoch loss and accuracy (a sum of two fp32 values is the same in any
+    order, so at N = 2 every backend prints the same digits)."""
+    return re.findall(r"epoch \d+: loss [\d.]+  accuracy [\d.]+", text)
+
+
+@pytest.fixture(scope="module")
+def gloo_example():
+    """examples/torch_ddp.py under torchrun: PyTorch's own launcher and gloo."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           str(EXAMPLE)], capture_output=True, text=True, timeout=120, env=env,
+                          stdin=subprocess.DEVNULL, cwd=ROOT)
+    RankRun(proc).check()
+    assert "DDP on gloo: 2 ranks" in proc.stdout
+    return _epochs(proc.stdout)
+
+
+@pytest.mark.parametrize("algorithm", ("auto", "ps"))
+def test_example_under_mpirun_equals_torchrun(run_ranks, gloo_example, algorithm):
+    run = run_ranks(2, str(EXAMPLE), timeout=120, env={"PSRT_ALGORITHM": algorithm}).check()
+    assert "DDP on psrt: 2 ranks" in run.stdout
+    assert len(gloo_example) == 3 and _epochs(run.stdout) == gloo_example, (run.stdout, gloo_example)
+
+
+def test_example_under_horovodrun(gloo_example):
+    from conftest import horovodrun
+    proc = horovodrun("-np", "2", sys.executable, str(EXAMPLE))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "DDP on psrt: 2 ranks" in proc.stdout
+    assert _epochs(proc.stdout) == gloo_example
+
+
+def test_a_message_that_never_comes_is_named(run_ranks):
+    run = run_ranks(2, "c10d_stall.py", "recv", timeout=90, env={"PSRT_TIMEOUT": "2"}).check()
+    [record] = run.records()
+    assert record["error"] == "psrt backend: recv from rank 1 (tag 9) not matched after 2 s (PSRT_TIMEOUT)"

@@ -1,0 +1,221 @@
+"""PyTorch's own DDP and FSDP2, unchanged, on psrt's torch.distributed backend against the same
+on gloo and against psrt's own ring DDP (`--dp ring`), in one job per world size.
+
+    python -m psrt.bench c10d --np 2,4             # launches one job per N, prints one table
+    ./mpi_launch -np 4 python -m psrt.bench c10d   # one N, under a launcher
+
+Rows:
+  ddp/psrt-ring, ddp/psrt-auto, ddp/psrt-ps   torch DDP on a psrt group of that algorithm
+  ddp/gloo                                    torch DDP on gloo (the peer)
+  psrt --dp ring                              psrt's own bucketed ring DDP strategy
+  fsdp2/psrt, fsdp2/gloo                      FSDP2 `fully_shard` per layer, on each backend
+
+Every row trains its own copy of the same model (same seed) on the same batches, SGD.  Rounds
+are interleaved within a phase (a change of machine load hits every row alike), step time is
+the slowest rank's, the median over rounds is reported.  gloo's groups start only after the
+psrt rows are measured, as in `bench training`: gloo's threads would tax MPI rows beside them.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+MB = 1 << 20
+PSRT_DDP = ("ring", "auto", "ps")
+
+
+def build_model(grad_mb: float, width: int):
+    """An MLP of `grad_mb` MiB of fp32 gradients in layers of width x width."""
+    import torch
+    from torch import nn
+    layers = max(1, round(grad_mb * MB / 4 / (width * width + width)))
+    torch.manual_seed(0)
+    mods = []
+    for _ in range(layers):
+        mods += [nn.Linear(width, width), nn.Tanh()]
+    return nn.Sequential(*mods)
+
+
+def measure(grad_mb: float, width: int = 1024, batch: int = 32, steps: int = 3, rounds: int = 3,
+            progress=None) -> list[dict]:
+    """One row per way of training, the same on every rank (run after init_process_group('psrt'))."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import psrt
+    from psrt.c10d import Options, job_world
+    from psrt.dp import strategy_class
+
+    world = job_world()
+    n = world.size
+    g = torch.Generator().manual_seed(1 + world.rank)
+    data = [(torch.randn(batch, width, generator=g), torch.randn(batch, width, generator=g))
+            for _ in range(steps)]
+
+    def loss_of(model, mb):
+        x, y = mb
+        return torch.nn.functional.mse_loss(model(x), y)
+
+    def torch_runner(wrap):
+        model = wrap(build_model(grad_mb, width))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+        def step(mb):
+            opt.zero_grad(set_to_none=True)
+            loss_of(model, mb).backward()
+            opt.step()
+        return step, model
+
+    def fsdp(group):
+        from torch.distributed.device_mesh import DeviceMesh
+
+        def wrap(model):
+            mesh = DeviceMesh.from_group(group, "cpu")
+            for layer in model:
+                if isinstance(layer, torch.nn.Linear):
+                    fully_shard(layer, mesh=mesh)
+            return fully_shard(model, mesh=mesh)
+        return wrap
+
+    def psrt_ring():
+        group = psrt.Communicator(world.comm, algorithm="ring")
+        model = build_model(grad_mb, width)
+        dp = strategy_class("ring")(model, lambda p: torch.optim.SGD(p, lr=0.01), group)
+        return (lambda mb: dp.step(lambda b: loss_of(dp.model, b), [mb])), model
+
+    def psrt_phase():
+        rows = {}
+        for algorithm in PSRT_DDP:
+            group = dist.new_group(list(range(n)), pg_options=Options(algorithm=algorithm))
+            rows[f"ddp/psrt-{algorithm}"] = torch_runner(lambda m, g=group: DDP(m, process_group=g))
+        rows["psrt --dp ring"] = psrt_ring()
+        rows["fsdp2/psrt"] = torch_runner(fsdp(dist.group.WORLD))
+        return rows
+
+    def gloo_phase():
+        group = dist.new_group(list(range(n)), backend="gloo")
+        return {"ddp/gloo": torch_runner(lambda m: DDP(m, process_group=group)),
+                "fsdp2/gloo": torch_runner(fsdp(group))}
+
+    times: dict[str, list[float]] = {}
+    models = {}
+    done = 0
+    for phase in (psrt_phase, gloo_phase):
+        runners = phase()
+        for r in range(rounds + 1):           # round 0 warms up
+            for name, (step, model) in runners.items():
+                world.comm.Barrier()
+                t0 = time.perf_counter()
+                for mb in data:
+                    step(mb)
+                per = world.comm.allgather((time.perf_counter() - t0) / len(data))
+                if r:
+                    times.setdefault(name, []).append(max(per))
+                done += 1
+                if progress:
+                    progress.update(done, name)
+        models.update({name: model for name, (_, model) in runners.items()})
+    params = sum(p.numel() for p in build_model(grad_mb, width).parameters())
+    rows = [{"way": name, "ranks": n, "grad_mib": params * 4 / MB, "step_s": statistics.median(t)}
+            for name, t in times.items()]
+    by = {r["way"]: r["step_s"] for r in rows}
+    for row in rows:
+        peer = by["fsdp2/gloo"] if row["way"].startswith("fsdp2") else by["ddp/gloo"]
+        row["vs_gloo"] = peer / row["step_s"]             # > 1: faster than the same on gloo
+        row["vs_psrt_ring"] = by["psrt --dp ring"] / row["step_s"]
+    return rows
+
+
+COLUMNS = [("way", "training", ""), ("ranks", "N", "d"), ("grad_mib", "gradients (MiB)", ".1f"),
+           ("step_s", "step (ms)", ".1f", 1e3), ("vs_gloo", "x same on gloo", ".2f"),
+           ("vs_psrt_ring", "x psrt --dp ring", ".2f")]
+
+
+def goals(rows: list[dict]) -> list[dict]:
+    out = []
+    for (n, mib) in sorted({(r["ranks"], r["grad_mib"]) for r in rows}):
+        by = {r["way"]: r for r in rows if (r["ranks"], r["grad_mib"]) == (n, mib)}
+        where = f"N={n}, {mib:.0f} MiB"
+        best = max((by[f"ddp/psrt-{a}"] for a in ("ring", "auto")), key=lambda r: r["vs_gloo"])
+        out.append({"goal": f"{where}: DDP on psrt >= 1.25x faster per step than DDP on gloo",
+                    "value": f"{best['vs_gloo']:.2f}x ({best['way']})", "ok": best["vs_gloo"] >= 1.25})
+        out.append({"goal": f"{where}: DDP on psrt within 1.15x of psrt --dp ring",
+                    "value": f"{1 / best['vs_psrt_ring']:.2f}x", "ok": 1 / best["vs_psrt_ring"] <= 1.15})
+        f = by["fsdp2/psrt"]
+        out.append({"goal": f"{where}: FSDP2 on psrt no slower than on gloo",
+                    "value": f"{f['vs_gloo']:.2f}x", "ok": f["vs_gloo"] >= 1.0})
+    return out
+
+
+HELP = "torch DDP and FSDP2 on psrt's backend vs gloo vs psrt's own ring DDP"
+
+
+def add_arguments(ap) -> None:
+    ap.add_argument("--np", default=None, help="world sizes, e.g. 2,4: launch one job per size "
+                    "(default: run in the current job, under a launcher)")
+    ap.add_argument("--grad-mb", default="4,16", help="gradient sizes in MiB, comma list (default 4,16)")
+    ap.add_argument("--width", type=int, default=1024, help="layer width (default 1024)")
+    ap.add_argument("--batch", type=int, default=32, help="samples per rank per step")
+    ap.add_argument("--steps", type=int, default=3, help="steps per timed round")
+    ap.add_argument("--rounds", type=int, default=3, help="timed rounds (median)")
+    ap.add_argument("--json", metavar="FILE", help="also write the rows and goals as JSON")
+    ap.add_argument("--quiet", action="store_true")
+
+
+def _numbers(text: str, what: str, cast=int) -> list:
+    from psrt.bench.report import need
+    try:
+        values = [cast(v) for v in text.split(",") if v]
+    except ValueError:
+        values = []
+    need(bool(values) and min(values) > 0, f"--{what} {text}: expected positive numbers such as 2,4")
+    return values
+
+
+def _print(rows: list[dict], header: str) -> None:
+    from psrt.bench import report
+    print(header)
+    report.table(rows, COLUMNS)
+    report.print_goals(goals(rows))
+
+
+def command(args) -> int:
+    from psrt.bench import report
+    sizes = _numbers(args.grad_mb, "grad-mb", float)
+    for name in ("width", "batch", "steps", "rounds"):
+        report.need(getattr(args, name) >= 1, f"--{name} {getattr(args, name)}: must be at least 1")
+    header = (f"# torch DDP / FSDP2 on psrt vs gloo; MLP of width {args.width}, {args.batch} samples "
+              f"per rank, SGD; step = median of {args.rounds} rounds of {args.steps} steps, slowest rank")
+    if args.np:
+        from psrt.bench import jobs
+        rows = []
+        for np_ in _numbers(args.np, "np"):
+            rank_args = ["c10d", "--grad-mb", args.grad_mb, "--width", str(args.width), "--batch",
+                         str(args.batch), "--steps", str(args.steps), "--rounds", str(args.rounds)]
+            if not args.quiet:
+                print(f"psrt.bench c10d: {np_} ranks ...", file=sys.stderr, flush=True)
+            rows += jobs.local(np_, rank_args + ["--quiet"], timeout_s=1200)["rows"]
+        _print(rows, header)
+        if args.json:
+            report.write_json(args.json, {"rows": rows, "goals": goals(rows), "mpi": report.mpi_version()})
+        return 0
+    import psrt.c10d
+    from psrt.train.report import Progress
+    psrt.c10d.init_process_group()
+    world = psrt.c10d.job_world()
+    progress = Progress(len(sizes) * 4 * 7, f"c10d np={world.size}", enabled=world.rank == 0 and not args.quiet,
+                        unit="rounds")
+    rows = []
+    for grad_mb in sizes:
+        rows += measure(grad_mb, args.width, args.batch, args.steps, args.rounds, progress)
+    if world.rank == 0:
+        if not args.quiet:
+            _print(rows, header)
+        if args.json:
+            report.write_json(args.json, {"rows": rows, "goals": goals(rows), "mpi": report.mpi_version()})
+    import torch.distributed as dist
+    dist.destroy_process_group()
+    return 0

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 
 from psrt import env
-from psrt.errors import abort, report
+from psrt.errors import abort, launcher_rank, report
 
 
 def describe(err: BaseException) -> str:
@@ -48,10 +49,17 @@ def excepthook(kind, err, tb, prog: str = "psrt") -> None:
     if err.__traceback__ is None:
         err = err.with_traceback(tb)
 
+    everywhere = getattr(err, "everywhere", False)
+
     class _Line(Exception):
-        everywhere = False
+        pass
+    _Line.everywhere = everywhere
     report(_Line(describe(err)), prog)
     code = getattr(err, "exit_code", 1)
+    if everywhere and launcher_rank() not in (None, 0):
+        # Every rank raised the same error and rank 0 says it for all: leave it time to, as
+        # the abort below ends the whole job.
+        time.sleep(2.0)
     abort(code)
     # One rank (or MPI not started): leave with the code now, without running MPI_Finalize.
     os._exit(code)

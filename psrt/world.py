@@ -152,15 +152,15 @@ def init(comm=None, export_env: bool = True) -> World:
         export_env: set RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK and the
             rendezvous MASTER_ADDR/MASTER_PORT (rank 0 picks a free port) in os.environ.
     """
-    env.check_all()
+    if sys.excepthook is sys.__excepthook__:   # leave a hook the program installed alone
+        from psrt import faults
+        faults.install()   # an exception on one rank ends the job instead of hanging it
+    env.check_all()        # (after the hook: a bad PSRT_* value in a user's script is one line)
     # Only a process whose MPI has not started yet can still be told to yield.
     started = "mpi4py.MPI" in sys.modules and sys.modules["mpi4py.MPI"].Is_initialized()
     notice = None if started else yield_before_mpi_starts()
     from mpi4py import MPI
 
-    if sys.excepthook is sys.__excepthook__:   # leave a hook the program installed alone
-        from psrt import faults
-        faults.install()   # an exception on one rank ends the job instead of hanging it
     parent = MPI.COMM_WORLD if comm is None else comm
     launcher = detect_launcher()
     announced = _env_world_size()

@@ -94,6 +94,11 @@ CASES = [
     ("bench-repeats-zero", py(*BENCH, "--repeats", "0"), "--repeats", 0, None),
     ("bench-warmup-negative", py(*BENCH, "--warmup", "-1"), "--warmup", 0, None),
     ("bench-dtype-unknown", py(*BENCH, "--dtype", "int8"), "--dtype", 0, None),
+    ("bench-c10d-np-unparsable", py("-m", "psrt.bench", "c10d", "--np", "x"), "--np x", 0, None),
+    ("bench-c10d-grad-zero", py("-m", "psrt.bench", "c10d", "--np", "2", "--grad-mb", "0"), "--grad-mb 0", 0, None),
+    # --- the torch.distributed backend in a user's script
+    ("c10d-algorithm-unknown-np2", {"env": {"PSRT_ALGORITHM": "bogus"}, "argv": py(str(ROOT / "examples" / "torch_ddp.py"))},
+     "PSRT_ALGORITHM='bogus'", 2, None),
     ("bench-command-unknown", py("-m", "psrt.bench", "bogus"), "bogus", 0, None),
     ("bench-tune-np-not-int", py("-m", "psrt.bench", "tune", "--np", "x"), "--np", 0, None),
     ("bench-training-dp-unknown", py("-m", "psrt.bench", "training", "--dp", "ring,bogus"), "--dp bogus", 0, None),

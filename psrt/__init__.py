@@ -5,6 +5,8 @@
     group = psrt.Communicator(world.comm, algorithm="ring")
     total = group.allreduce(torch.ones(4))     # == world.size everywhere
 
+    psrt.init_process_group()                 # torch.distributed on psrt's collectives (psrt.c10d)
+
 Names are imported on first use (PEP 562), so tools that need no torch (mpi_launch,
 python -m psrt.cluster, python -m psrt.info) start without importing it.
 """
@@ -16,6 +18,7 @@ _EXPORTS = {
     "init": "psrt.world", "World": "psrt.world", "init_torch_distributed": "psrt.world",
     "Communicator": "psrt.collectives", "Handle": "psrt.collectives",
     "ALGORITHMS": "psrt.collectives", "ALL_ALGORITHMS": "psrt.collectives",
+    "init_process_group": "psrt.c10d",
     "PsrtError": "psrt.errors", "CollectiveMismatch": "psrt.errors",
 }
 __all__ = list(_EXPORTS)

@@ -162,3 +162,33 @@ def test_a_message_that_never_comes_is_named(run_ranks):
     run = run_ranks(2, "c10d_stall.py", "recv", timeout=90, env={"PSRT_TIMEOUT": "2"}).check()
     [record] = run.records()
     assert record["error"] == "psrt backend: recv from rank 1 (tag 9) not matched after 2 s (PSRT_TIMEOUT)"
+
+
+def test_bench_c10d(tmp_path):
+    """The bench part runs one job per N and prints every row with its ratios and the goals."""
+    out = tmp_path / "c10d.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_COMM_", "PMIX_", "PMI_"))}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "psrt.bench", "c10d", "--np", "2", "--grad-mb", "1",
+                           "--steps", "1", "--rounds", "1", "--json", str(out)], capture_output=True,
+                          text=True, timeout=300, env=env, stdin=subprocess.DEVNULL, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+    payload = json.loads(out.read_text())
+    ways = {r["way"] for r in payload["rows"]}
+    assert ways == {"ddp/psrt-ring", "ddp/psrt-auto", "ddp/psrt-ps", "ddp/gloo", "psrt --dp ring",
+                    "fsdp2/psrt", "fsdp2/gloo"}
+    assert all(r["step_s"] > 0 and r["vs_gloo"] > 0 for r in payload["rows"])
+    assert len(payload["goals"]) == 3 and proc.stdout.count("goal ") == 3
+    assert "x same on gloo" in proc.stdout
+
+
+def test_one_call_shortcut():
+    """psrt.init_process_group() is init_process_group(backend='psrt') in one call."""
+    code = ("import psrt, torch, torch.distributed as dist; pg = psrt.init_process_group(); "
+            "t = torch.ones(2); dist.all_reduce(t); print(dist.get_backend(), type(pg).__name__, t.tolist())")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_", "MASTER_"))}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env=dict(env, PYTHONPATH=str(ROOT)), stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "psrt ProcessGroupPsrt [1.0, 1.0]" in proc.stdout

@@ -9,6 +9,9 @@ Rows:
   ddp/gloo                                    torch DDP on gloo (the peer)
   psrt --dp ring                              psrt's own bucketed ring DDP strategy
   fsdp2/psrt, fsdp2/gloo                      FSDP2 `fully_shard` per layer, on each backend
+  all-reduce/psrt-auto, all-reduce/gloo       the gradients' all-reduce alone: what a DDP step
+                                              adds to the compute, which it cannot hide on a
+                                              machine whose cores all train
 
 Every row trains its own copy of the same model (same seed) on the same batches, SGD.  Rounds
 are interleaved within a phase (a change of machine load hits every row alike), step time is
@@ -51,6 +54,7 @@ def measure(grad_mb: float, width: int = 1024, batch: int = 32, steps: int = 3, 
 
     world = job_world()
     n = world.size
+    params = sum(p.numel() for p in build_model(grad_mb, width).parameters())
     g = torch.Generator().manual_seed(1 + world.rank)
     data = [(torch.randn(batch, width, generator=g), torch.randn(batch, width, generator=g))
             for _ in range(steps)]
@@ -86,8 +90,16 @@ def measure(grad_mb: float, width: int = 1024, batch: int = 32, steps: int = 3, 
         dp = strategy_class("ring")(model, lambda p: torch.optim.SGD(p, lr=0.01), group)
         return (lambda mb: dp.step(lambda b: loss_of(dp.model, b), [mb])), model
 
+    def allreduce(group):
+        """The gradients' all-reduce alone (the communication a DDP step adds)."""
+        buf = torch.ones(params)
+
+        def step(mb):
+            dist.all_reduce(buf, group=group)
+        return step, None
+
     def psrt_phase():
-        rows = {}
+        rows = {"all-reduce/psrt-auto": allreduce(dist.group.WORLD)}
         for algorithm in PSRT_DDP:
             group = dist.new_group(list(range(n)), pg_options=Options(algorithm=algorithm))
             rows[f"ddp/psrt-{algorithm}"] = torch_runner(lambda m, g=group: DDP(m, process_group=g))
@@ -97,11 +109,11 @@ def measure(grad_mb: float, width: int = 1024, batch: int = 32, steps: int = 3, 
 
     def gloo_phase():
         group = dist.new_group(list(range(n)), backend="gloo")
-        return {"ddp/gloo": torch_runner(lambda m: DDP(m, process_group=group)),
+        return {"all-reduce/gloo": allreduce(group),
+                "ddp/gloo": torch_runner(lambda m: DDP(m, process_group=group)),
                 "fsdp2/gloo": torch_runner(fsdp(group))}
 
     times: dict[str, list[float]] = {}
-    models = {}
     done = 0
     for phase in (psrt_phase, gloo_phase):
         runners = phase()
@@ -117,20 +129,19 @@ def measure(grad_mb: float, width: int = 1024, batch: int = 32, steps: int = 3, 
                 done += 1
                 if progress:
                     progress.update(done, name)
-        models.update({name: model for name, (_, model) in runners.items()})
-    params = sum(p.numel() for p in build_model(grad_mb, width).parameters())
     rows = [{"way": name, "ranks": n, "grad_mib": params * 4 / MB, "step_s": statistics.median(t)}
             for name, t in times.items()]
     by = {r["way"]: r["step_s"] for r in rows}
     for row in rows:
-        peer = by["fsdp2/gloo"] if row["way"].startswith("fsdp2") else by["ddp/gloo"]
+        kind = row["way"].split("/")[0] if "/" in row["way"] else "ddp"
+        peer = by[f"{kind}/gloo"]
         row["vs_gloo"] = peer / row["step_s"]             # > 1: faster than the same on gloo
-        row["vs_psrt_ring"] = by["psrt --dp ring"] / row["step_s"]
+        row["vs_psrt_ring"] = None if kind == "all-reduce" else by["psrt --dp ring"] / row["step_s"]
     return rows
 
 
 COLUMNS = [("way", "training", ""), ("ranks", "N", "d"), ("grad_mib", "gradients (MiB)", ".1f"),
-           ("step_s", "step (ms)", ".1f", 1e3), ("vs_gloo", "x same on gloo", ".2f"),
+           ("step_s", "step or call (ms)", ".1f", 1e3), ("vs_gloo", "x same on gloo", ".2f"),
            ("vs_psrt_ring", "x psrt --dp ring", ".2f")]
 
 
@@ -206,7 +217,7 @@ def command(args) -> int:
     from psrt.train.report import Progress
     psrt.c10d.init_process_group()
     world = psrt.c10d.job_world()
-    progress = Progress(len(sizes) * 4 * 7, f"c10d np={world.size}", enabled=world.rank == 0 and not args.quiet,
+    progress = Progress(len(sizes) * 4 * 9, f"c10d np={world.size}", enabled=world.rank == 0 and not args.quiet,
                         unit="rounds")
     rows = []
     for grad_mb in sizes:

@@ -55,6 +55,14 @@ if r == n - 1:
 out = torch.empty(2)
 dist.reduce_scatter_tensor(out, torch.arange(2 * n, dtype=torch.float32) * (r + 1))
 check(out.tolist() == [tri * 2 * r, tri * (2 * r + 1)], f"reduce_scatter_tensor {out}")
+outs = [torch.empty(2), torch.empty(1, dtype=torch.float64)]
+opts = dist.ReduceScatterOptions()
+pg.reduce_scatter_tensor_coalesced(outs, [torch.arange(2.0 * n) * (r + 1), torch.ones(n, dtype=torch.float64)], opts).wait()
+check(outs[0].tolist() == [tri * 2 * r, tri * (2 * r + 1)] and outs[1].tolist() == [float(n)], f"rs coalesced {outs}")
+outs = [torch.empty(2 * n), torch.empty(n, dtype=torch.int64)]
+pg.allgather_into_tensor_coalesced(outs, [torch.full((2,), float(r)), torch.tensor([r])]).wait()
+check(outs[0].tolist() == [float(j) for j in range(n) for _ in range(2)] and outs[1].tolist() == list(range(n)),
+      f"ag coalesced {outs}")
 out = torch.empty(3)
 dist.reduce_scatter(out, [torch.full((3,), float(j + r)) for j in range(n)], op=R.AVG)
 check(torch.allclose(out, torch.full((3,), r + (n - 1) / 2)), f"reduce_scatter avg {out}")

@@ -121,6 +121,10 @@ def fast(command: str) -> str:
         words = _set(_set(_set(_drop(words, "--sizes"), "--max-size", "64KiB"), "--repeats", "1"), "--warmup", "0")
     elif "psrt.bench training" in text:
         words = _set(_set(_set(words, "--steps", "1"), "--rounds", "1"), "--width", "64")
+    elif "psrt.bench c10d" in text:
+        words = _set(_set(_set(words, "--grad-mb", "1"), "--steps", "1"), "--rounds", "1")
+    elif "examples/torch_ddp.py" in text:
+        words = _set(words, "--epochs", "1")
     elif "psrt.bench pipeline" in text:
         words = _set(_set(words, "--microbatches", "4"), "--t-forward", "0.005")
     elif "psrt.bench pingpong" in text:
@@ -135,6 +139,8 @@ def test_fast_flags():
         "./mpi_launch -np 2 python -m psrt.bench collectives --repeats 1 --max-size 64KiB --warmup 0"
     assert fast("OMPI_MCA_x=1 horovodrun -np 4 python examples/horovod_vs_ring.py --steps 200") == \
         "OMPI_MCA_x=1 horovodrun -np 4 python examples/horovod_vs_ring.py --steps 2"
+    assert fast("torchrun --nproc-per-node 2 examples/torch_ddp.py") == \
+        "torchrun --nproc-per-node 2 examples/torch_ddp.py --epochs 1"
     assert fast("./mpi_launch --dry-run -np 8 python -m psrt.info") == "./mpi_launch --dry-run -np 8 python -m psrt.info"
 
 

@@ -12,16 +12,17 @@ from __future__ import annotations
 import math
 import time
 
+import numpy as np
 import torch
 
 from psrt import env
-from psrt.collectives import native, ps, recursive, ring, torch_backend, tree
+from psrt.collectives import native, ps, recursive, ring, small, torch_backend, tree
 from psrt.collectives.executor import Executor, Handle
 from psrt.collectives.algorithms import ALGORITHMS, ALL_ALGORITHMS
 from psrt.collectives.layout import even_counts, offsets, require_mpi_comm
 from psrt.collectives.tuning import Tuning
 from psrt.errors import CollectiveMismatch, PsrtError
-from psrt.transport import Staging, check_dtype, check_op
+from psrt.transport import Staging, check_dtype, check_op, np_view
 
 # collective -> algorithm -> implementation (comm, buf, ...) in place on a flat buffer.
 _ALLREDUCE = {
@@ -46,6 +47,9 @@ _REDUCE = {"tree": tree.reduce, "ps": ps.reduce, "native": native.reduce,
 _READS_SOURCE = frozenset({"ring"})
 # dtypes the MPI library reduces itself (no user-defined op), eligible for the lean path
 _MPI_TYPED = frozenset({torch.float32, torch.float64, torch.int32, torch.int64, torch.uint8, torch.int8})
+
+# in-place small all-reduces remembered per tensor (bounded: each entry keeps its tensor alive)
+_FAST_ENTRIES = 16
 
 _IMPLEMENTATIONS = {"allreduce": _ALLREDUCE, "reduce_scatter": _REDUCE_SCATTER, "allgather": _ALLGATHER,
                     "broadcast": _BROADCAST, "reduce": _REDUCE}
@@ -97,6 +101,8 @@ class Communicator:
         self._checked: set = set()
         self.calls = 0
         self.state: tuple = (0, "", None)
+        self._scratch: dict = {}   # (numpy dtype, size) -> scratch of the small-message path
+        self._fast: dict = {}      # (ptr, numel, dtype, op, algorithm) -> a ready in-place call
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, size={self.size}, algorithm={self.algorithm!r})"
@@ -214,11 +220,25 @@ class Communicator:
         Out of place by default; `out=t` reduces in place.  Returns the result, or a Handle
         whose wait() returns it when async_op.
         """
+        if out is not None and not async_op:
+            fast = self._fast.get((t.data_ptr(), out.data_ptr(), t.numel(), t.dtype, op, algorithm))
+            if fast is not None and self._executor.idle():
+                return fast()
         check_dtype(t)
         check_op(op, t.dtype)
         self._check_out(out, t.shape, t.dtype, "allreduce")
         algo = self._pick("allreduce", algorithm, t.numel() * t.element_size())
         self._verify("allreduce", op=op, dtype=t.dtype, numel=t.numel(), algorithm=algo)
+        small_cpu = (not t.is_cuda and t.dtype in small.DTYPES
+                     and t.numel() * t.element_size() <= small.SMALL_BYTES)
+        if (small_cpu and algo in small.FAST and out is not None and t.is_contiguous()
+                and out.is_contiguous() and not async_op and self.check != "all"):
+            fast = self._fast_allreduce(t, out, op, algorithm, algo)
+            if self._executor.idle():
+                self.calls -= 1      # counted again by the call itself
+                return fast()
+        if small_cpu and algo in small.ALLREDUCE:
+            return self._run("allreduce", lambda: self._small_allreduce(t, op, out, algo), async_op)
         if (algo == "native" and not async_op and self._executor.idle() and not t.is_cuda
                 and t.dtype in _MPI_TYPED and t.is_contiguous()
                 and (out is None or out.is_contiguous())):
@@ -242,6 +262,53 @@ class Communicator:
                 flat.div_(self.size)
             return Staging.from_mpi(flat, result)
         return self._run('allreduce', run, async_op)
+
+    def _small_tmp(self, a) -> "np.ndarray":
+        key = (a.dtype, a.size)
+        tmp = self._scratch.get(key)
+        if tmp is None:
+            if len(self._scratch) > 64:
+                self._scratch.clear()
+            tmp = self._scratch[key] = np.empty(a.size, dtype=a.dtype)
+        return tmp
+
+    def _small_allreduce(self, t: torch.Tensor, op: str, out, algo: str) -> torch.Tensor:
+        """All-reduce of a small CPU tensor on NumPy views (see collectives/small.py)."""
+        result = out if out is not None else torch.empty_like(t, memory_format=torch.contiguous_format)
+        target = result if result.is_contiguous() else torch.empty_like(result, memory_format=torch.contiguous_format)
+        if target.data_ptr() != t.data_ptr() or not t.is_contiguous():
+            target.copy_(t)
+        a = np_view(target).reshape(-1)
+        small.ALLREDUCE[algo](self.comm, a, self._small_tmp(a), small.UFUNCS[op])
+        if op == "avg":
+            np.divide(a, self.size, out=a)
+        if target is not result:
+            result.copy_(target)
+        return result
+
+    def _fast_allreduce(self, t: torch.Tensor, out: torch.Tensor, op: str, algorithm: str | None, algo: str):
+        """A small all-reduce of `t` into `out` (contiguous CPU tensors, `out` may be `t`) made
+        ready once: what a call repeated every step (a loss, a gradient norm, a small model's
+        bucket) costs is then the schedule."""
+        a, src = np_view(out).reshape(-1), np_view(t).reshape(-1)
+        copy = out.data_ptr() != t.data_ptr()
+        tmp, ufunc, fn, comm, size = self._small_tmp(a), small.UFUNCS[op], small.FAST[algo], self.comm, self.size
+
+        def call():
+            self.calls += 1
+            seq = self.calls
+            self.state = (seq, "allreduce", time.monotonic())
+            if copy:
+                np.copyto(a, src)
+            fn(comm, a, tmp, ufunc)
+            if op == "avg":
+                np.divide(a, size, out=a)
+            self.state = (seq, "allreduce", None)
+            return out
+        if len(self._fast) >= _FAST_ENTRIES:
+            self._fast.pop(next(iter(self._fast)))
+        self._fast[(t.data_ptr(), out.data_ptr(), t.numel(), t.dtype, op, algorithm)] = call
+        return call
 
     def reduce_scatter(self, t: torch.Tensor, op: str = "sum", out: torch.Tensor | None = None,
                        counts=None, algorithm: str | None = None, async_op: bool = False):

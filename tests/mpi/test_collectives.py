@@ -21,3 +21,15 @@ def test_collectives_matrix(run_ranks, np_):
         for name in ("broadcast", "reduce", "gather", "scatter", "alltoall", "inplace",
                      "noncontiguous", "barrier", "float-rounding"):
             assert rec["ran"].get(name, 0) > 0, name
+
+
+@pytest.mark.parametrize("np_", [2, 3, 5])
+def test_small_message_path_is_bitwise_the_torch_path(run_ranks, np_):
+    """psrt/collectives/small.py against ring.py, recursive.py, tree.py and ps.py: same bits,
+    and ranks on different paths still match (tests/mpi/ranks/small_paths.py)."""
+    run = run_ranks(np_, "small_paths.py", timeout=240).check()
+    records = run.records()
+    assert len(records) == np_
+    for rec in records:
+        assert rec["failures"] == [], rec
+        assert rec["checked"] == 5 * 4 * 3 * 2 * 4

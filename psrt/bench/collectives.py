@@ -26,7 +26,11 @@ BUS_FACTOR = {
 }
 RAW = "mpi4py"  # the MPI library called directly on a NumPy buffer, without psrt's API around it
 HOROVOD = "horovod"  # horovod.torch's allreduce (op Sum) on the same tensor; needs hvd.init() first
-PEERS = (RAW, HOROVOD)  # allreduce only, and only when asked for by name
+# psrt's all-reduce schedules written directly in mpi4py over NumPy arrays, called bare (no
+# Communicator, no tensors): the floor each psrt algorithm's per-call cost is measured against.
+FLOORS = {"mpi4py-ring": "ring", "mpi4py-doubling": "doubling",
+          "mpi4py-halving-doubling": "halving-doubling", "mpi4py-tree": "tree", "mpi4py-ps": "ps"}
+PEERS = (RAW, HOROVOD) + tuple(FLOORS)  # allreduce only; floors by default, the others by name
 
 
 @dataclass
@@ -65,7 +69,27 @@ def size_sweep(lo: int, hi: int, step: int = 2) -> list[int]:
     return out
 
 
-def _call(group: Communicator, collective: str, algorithm: str, x: torch.Tensor, out: torch.Tensor):
+def _floor(comm, algorithm: str, x: torch.Tensor, out: torch.Tensor):
+    """A call of the floor `algorithm` on NumPy views of x and out made once, as a program
+    written in mpi4py would hold its arrays: copy the input, run the schedule."""
+    import numpy as np
+
+    from psrt.collectives import small
+    from psrt.transport import np_view
+    src, a = np_view(x), np_view(out)
+    tmp, fn = np.empty_like(a), small.ALLREDUCE[FLOORS[algorithm]]
+
+    def call():
+        np.copyto(a, src)
+        fn(comm, a, tmp, np.add)
+        return out
+    return call
+
+
+def _call(group: Communicator, collective: str, algorithm: str, x: torch.Tensor, out: torch.Tensor,
+          floors: dict | None = None):
+    if floors and algorithm in floors:
+        return floors[algorithm]()
     if algorithm == RAW:
         from mpi4py import MPI
 
@@ -113,16 +137,17 @@ def measure(group: Communicator, collective: str, algorithms: list[str], nbytes:
     x = torch.full((numel,), float(rank + 1), dtype=dtype)
     out = torch.empty(numel * (n if collective == "allgather" else 1), dtype=dtype)
     fresh = x.clone()
+    floors = {a: _floor(group.comm, a, x, out) for a in algorithms if a in FLOORS}
     wrong, iters = {}, {}
     for algo in algorithms:
         x.copy_(fresh)
-        wrong[algo] = group.comm.allreduce(_wrong(group, collective, _call(group, collective, algo, x, out), n))
+        wrong[algo] = group.comm.allreduce(_wrong(group, collective, _call(group, collective, algo, x, out, floors), n))
         x.copy_(fresh)
         for _ in range(warmup):
-            _call(group, collective, algo, x, out)
+            _call(group, collective, algo, x, out, floors)
         # Iterations so one timed loop lasts about min_time_s (rank 0 decides for all).
         t0 = time.perf_counter()
-        _call(group, collective, algo, x, out)
+        _call(group, collective, algo, x, out, floors)
         iters[algo] = group.comm.bcast(max(1, min(1000, int(min_time_s / max(time.perf_counter() - t0, 1e-7)))), root=0)
     slow = {a: [] for a in algorithms}
     fast = {a: [] for a in algorithms}
@@ -131,7 +156,7 @@ def measure(group: Communicator, collective: str, algorithms: list[str], nbytes:
             group.comm.Barrier()
             t0 = time.perf_counter()
             for _ in range(iters[algo]):
-                _call(group, collective, algo, x, out)
+                _call(group, collective, algo, x, out, floors)
             times = group.comm.allgather((time.perf_counter() - t0) / iters[algo])
             slow[algo].append(max(times))
             fast[algo].append(min(times))
@@ -146,13 +171,17 @@ def measure(group: Communicator, collective: str, algorithms: list[str], nbytes:
     return points
 
 
-def algorithms_for(collective: str, requested: list[str] | None, torch_ready: bool) -> list[str]:
-    names = list(requested) if requested else list(ALGORITHMS[collective]) + ["auto"]
+def algorithms_for(collective: str, requested: list[str] | None, torch_ready: bool,
+                   dtype: torch.dtype = torch.float32) -> list[str]:
+    from psrt.collectives.small import DTYPES
+    names = list(requested) if requested else list(ALGORITHMS[collective]) + ["auto"] + list(FLOORS)
     names = [a for a in names if a == "auto" or a in PEERS or a in ALGORITHMS[collective]]
     if not torch_ready:
         names = [a for a in names if a != "torch"]
     if collective != "allreduce":
         names = [a for a in names if a not in PEERS]
+    if dtype not in DTYPES:     # NumPy has no bfloat16, and its float16 is not torch's
+        names = [a for a in names if a not in FLOORS]
     # native first: every other row is compared with it
     return sorted(names, key=lambda a: a != "native")
 
@@ -234,7 +263,7 @@ def command(args) -> int:
     phases = [None] if wanted is None else \
         [p for p in ([a for a in wanted if a != HOROVOD], [a for a in wanted if a == HOROVOD]) if p]
     plan = [(algos, c, s) for algos in phases for c in args.collective.split(",") for s in sizes
-            if algorithms_for(c, algos, torch_ready)]
+            if algorithms_for(c, algos, torch_ready, dtype)]
     progress = Progress(len(plan), f"bench np={world.size}", enabled=world.rank == 0 and not args.quiet,
                         unit="points")
     points, hvd = [], None
@@ -242,7 +271,7 @@ def command(args) -> int:
         if algos == [HOROVOD] and hvd is None:
             from psrt.dp.horovod import init_horovod
             hvd = init_horovod(group)
-        points += measure(group, coll, algorithms_for(coll, algos, torch_ready), size, dtype,
+        points += measure(group, coll, algorithms_for(coll, algos, torch_ready, dtype), size, dtype,
                              warmup=args.warmup, repeats=args.repeats)
         progress.update(i, f"{coll} {fmt_bytes(size)}")
     if hvd is not None:
@@ -254,20 +283,25 @@ def command(args) -> int:
         group.close()
         return 0
     native = {(r["collective"], r["nbytes"]): r["time_us"] for r in rows if r["algorithm"] == "native"}
+    floor = {(r["algorithm"], r["nbytes"]): r["time_us"] for r in rows if r["algorithm"] in FLOORS}
     for r in rows:
         base = native.get((r["collective"], r["nbytes"]))
         r["vs_native"] = base / r["time_us"] if base else None   # >1: faster than the MPI library
+        own = floor.get((f"mpi4py-{r['algorithm']}", r["nbytes"])) if r["collective"] == "allreduce" else None
+        r["vs_floor"] = r["time_us"] / own if own else None      # psrt's cost over its own schedule's
         r["size"] = fmt_bytes(r["nbytes"])
     wrong = sum(r["wrong"] for r in rows)
     if not args.quiet:
         print(f"# psrt collectives: N={world.size} ranks on {world.num_nodes} host(s), dtype {args.dtype}; "
-              f"time = median of {args.repeats} loops, slowest rank; vs_native = native time / time")
+              f"time = median of {args.repeats} loops, slowest rank; x native = native time / time; "
+              f"x own floor = time / time of the same schedule in bare mpi4py (mpi4py-ALGORITHM)")
         for coll in dict.fromkeys(r["collective"] for r in rows):
             print(f"\n## {coll}")
             report.table([r for r in rows if r["collective"] == coll], [
                 ("size", "size", ""), ("algorithm", "algorithm", ""), ("time_us", "time(us)", ".1f"),
                 ("time_min_us", "fastest rank(us)", ".1f"), ("algbw_gbs", "algbw(GB/s)", ".3f"),
-                ("busbw_gbs", "busbw(GB/s)", ".3f"), ("wrong", "#wrong", "d"), ("vs_native", "x native", ".2f")])
+                ("busbw_gbs", "busbw(GB/s)", ".3f"), ("wrong", "#wrong", "d"), ("vs_native", "x native", ".2f"),
+                ("vs_floor", "x own floor", ".2f")])
         print(f"\n# {wrong} wrong elements in all")
     meta = {"world_size": world.size, "num_nodes": world.num_nodes, "dtype": args.dtype,
             "mpi": report.mpi_version(), "host": world.hostname}

@@ -51,21 +51,25 @@ class RankRun:
         return self
 
 
+def launch_ranks(np_: int, *args: str, timeout: float = 300, env: dict | None = None) -> RankRun:
+    """A script of tests/mpi/ranks (or python arguments) on N ranks under mpirun.  What the
+    run_ranks fixture calls; a module-scoped fixture that shares one launch calls it directly."""
+    argv = list(args)
+    if argv and argv[0].endswith(".py") and not os.path.isabs(argv[0]):
+        argv[0] = str(MPI_SCRIPTS / argv[0])
+    full_env = {k: v for k, v in os.environ.items()
+                if not k.startswith(("OMPI_COMM_", "OMPI_MCA_orte_", "OMPI_MCA_ess", "PMIX_", "PMI_"))}
+    full_env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **(env or {}))
+    cmd = mpirun_argv(np_) + [sys.executable] + argv
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
+                          stdin=subprocess.DEVNULL)
+    return RankRun(proc)
+
+
 @pytest.fixture
 def run_ranks():
     """run_ranks(np, script_or_module_args..., timeout=s, env={}) -> RankRun."""
-    def run(np_: int, *args: str, timeout: float = 300, env: dict | None = None) -> RankRun:
-        argv = list(args)
-        if argv and argv[0].endswith(".py") and not os.path.isabs(argv[0]):
-            argv[0] = str(MPI_SCRIPTS / argv[0])
-        full_env = {k: v for k, v in os.environ.items()
-                    if not k.startswith(("OMPI_COMM_", "OMPI_MCA_orte_", "OMPI_MCA_ess", "PMIX_", "PMI_"))}
-        full_env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **(env or {}))
-        cmd = mpirun_argv(np_) + [sys.executable] + argv
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
-                              stdin=subprocess.DEVNULL)
-        return RankRun(proc)
-    return run
+    return launch_ranks
 
 
 # --- launcher requests, shared by the unit, MPI and emulated-host tests of psrt.launch --------

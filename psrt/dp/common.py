@@ -48,15 +48,21 @@ def copy_back(flat: torch.Tensor, tensors: Iterable[torch.Tensor]) -> None:
 
 def broadcast_model(model: torch.nn.Module, group, root: int = 0) -> None:
     """Give every rank root's parameters and buffers (one broadcast per dtype and device)."""
+    broadcast_tensors(list(model.parameters()) + list(model.buffers()), group, root)
+
+
+def broadcast_tensors(tensors: list[torch.Tensor], group, root: int = 0) -> None:
+    """Give every rank root's values of `tensors`, in place (one broadcast per dtype and
+    device; none when the list is empty, on every rank alike)."""
     if group.size == 1:
         return
     by_kind: dict = {}
-    for t in list(model.parameters()) + list(model.buffers()):
+    for t in tensors:
         by_kind.setdefault((t.dtype, t.device), []).append(t)
-    for tensors in by_kind.values():
-        flat = flatten(tensors)
+    for same in by_kind.values():
+        flat = flatten(same)
         group.broadcast(flat, root=root)
-        copy_back(flat, tensors)
+        copy_back(flat, same)
 
 
 def join_torch(group, model: torch.nn.Module) -> None:

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import math
 import os
+import re
 import typing
 from dataclasses import dataclass, field
 
@@ -21,8 +22,10 @@ from psrt.errors import ArgumentParser, PsrtError
 DEFAULT_BATCH = 64
 
 # The models and data sets psrt.train offers (models.py and data.py build them by these names).
+# --model and --data also take the user's own as an import path, `module:callable` (custom.py).
 MODELS = ("mlp", "cnn", "transformer")
 DATASETS = ("digits", "text", "synthetic")
+IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 # Fields that are options of the data-parallel strategies (psrt.dp: each strategy's Options).
 STRATEGY_FLAGS = ("algorithm", "bucket_mb", "overlap", "compress", "servers", "staleness")
@@ -56,9 +59,10 @@ class TrainConfig:
     tp: int = opt(1, "tensor-parallel degree: each stage's layers split over N ranks (Megatron-style)",
                   "strategy", metavar="N")
     # --- model and data
-    model: str = opt("mlp", "model to train", "model", MODELS)
-    data: str | None = opt(None, "data set (default: digits, or text for --model transformer)",
-                           "model", DATASETS)
+    model: str = opt("mlp", "model to train: " + ", ".join(MODELS) + ", or your own as module:callable "
+                     "returning an nn.Module (see docs/training.md)", "model", metavar="NAME")
+    data: str | None = opt(None, "data set: " + ", ".join(DATASETS) + ", or your own as module:callable "
+                           "(default: digits, or text for --model transformer)", "model", metavar="NAME")
     width: int = opt(0, "hidden units (mlp), 8 x channels (cnn) or model dimension (transformer); "
                      "0: the model's default (128, 128, 64)", "model", metavar="N")
     layers: int = opt(0, "hidden layers (mlp) or blocks (transformer); 0: default (1, 2)", "model", metavar="N")
@@ -122,9 +126,16 @@ class TrainConfig:
         for name in ("momentum", "weight_decay", "bucket_mb"):
             if not math.isfinite(getattr(self, name)):
                 raise PsrtError(f"{flag(name)} {getattr(self, name)}: must be finite", everywhere=True)
+        check_name("model", self.model, MODELS)
         if self.data is None:
             self.data = "text" if self.model == "transformer" else "digits"
-        if (self.model == "transformer") != (self.data == "text"):
+        check_name("data", self.data, DATASETS)
+        own = is_import_path(self.model) or is_import_path(self.data)   # checked when built
+        for name in ("width", "layers"):
+            if is_import_path(self.model) and getattr(self, name):
+                raise PsrtError(f"{flag(name)} shapes psrt's own models; --model {self.model} builds "
+                                "its own", everywhere=True)
+        if not own and (self.model == "transformer") != (self.data == "text"):
             raise PsrtError(f"--model {self.model} cannot train on --data {self.data}: the transformer "
                             "needs --data text, and text needs --model transformer", everywhere=True)
         if self.pp * self.tp != 1 and self.model != "transformer":
@@ -151,6 +162,24 @@ class TrainConfig:
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name, _ in _fields()}
+
+
+def is_import_path(name: str) -> bool:
+    """Whether --model/--data `name` names the user's own, as `module:callable`."""
+    return ":" in name
+
+
+def check_name(field_name: str, value: str, builtin: tuple[str, ...]) -> None:
+    """A built-in name, or a well-formed `module:callable` (imported later: no torch here)."""
+    example = {"model": "mypkg.models:build_model", "data": "mypkg.data:build_dataset"}[field_name]
+    if value in builtin:
+        return
+    if not is_import_path(value):
+        raise PsrtError(f"--{field_name} {value!r}: choose one of {', '.join(builtin)}, or name your "
+                        f"own as module:callable (e.g. {example})", everywhere=True)
+    if not IMPORT_PATH.fullmatch(value):
+        raise PsrtError(f"--{field_name} {value!r}: expected module:callable with a dotted module "
+                        f"name and a callable's name (e.g. {example})", everywhere=True)
 
 
 def check_paths(cfg: TrainConfig) -> None:

@@ -2,7 +2,9 @@
 
 The loop is the same for every strategy: each worker takes its slice of the global batch
 (data.ShardedSampler), hands its micro-batches to `strategy.step`, and the lead worker
-prints progress and writes metrics.  Parameter-server ranks run `strategy.serve()`.
+prints progress and writes metrics.  Parameter-server ranks run `strategy.serve()`.  The
+strategy is driven through psrt.dp.driver.Driver, the object psrt.data_parallel gives a
+user's own loop.  --model/--data may name the user's own (imported.py).
 See docs/training.md for flags, the sampler policy and learning-rate handling.
 """
 from __future__ import annotations
@@ -15,11 +17,12 @@ import torch
 
 import psrt
 from psrt.dp import STRATEGIES, strategy_class
-from psrt.dp.base import StepStats, option_names
+from psrt.dp.base import option_names
 from psrt.dp.common import optimizer_factory, optimizer_state_bytes
+from psrt.dp.driver import Driver
 from psrt.errors import PsrtError, make_options
 from psrt.grid import Grid
-from psrt.train import checkpoint, report
+from psrt.train import checkpoint, imported, report
 from psrt.train.config import STRATEGY_FLAGS, TrainConfig, flag
 from psrt.train.data import ShardedSampler
 from psrt.train.hybrid import HybridConfig, HybridTrainer
@@ -63,34 +66,21 @@ def takers(option: str) -> list[str]:
 
 
 @torch.no_grad()
-def evaluate(model, dataset, batch: int = 512) -> tuple[float, float]:
-    """(mean loss, accuracy) on the held-out set; for text, next-character accuracy."""
+def evaluate(model, dataset, batch: int = 512, loss=None) -> tuple[float | None, float | None]:
+    """(mean loss, accuracy) on the held-out set; for text, next-character accuracy.  None
+    for what cannot be measured: an empty test set, accuracy of targets that are not classes."""
     model.eval()
     loss_sum, correct, count = 0.0, 0, 0
     for i in range(0, len(dataset.test_x), batch):
         x, y = dataset.test_x[i:i + batch], dataset.test_y[i:i + batch]
-        loss, c, n = loss_and_correct(model, (x, y), dataset.task)
-        loss_sum += float(loss) * n
-        correct += c
+        value, c, n = loss_and_correct(model, (x, y), dataset.task, loss)
+        loss_sum += float(value) * n
+        correct = None if c is None or correct is None else correct + c
         count += n
     model.train()
-    return loss_sum / max(count, 1), correct / max(count, 1)
-
-
-
-
-class Totals:
-    """Per-rank sums over the steps of one run."""
-
-    def __init__(self):
-        self.steps, self.compute_s, self.comm_s, self.bytes_sent, self.loss = 0, 0.0, 0.0, 0, float("nan")
-
-    def add(self, s: StepStats) -> None:
-        self.steps += 1
-        self.compute_s += s.compute_s
-        self.comm_s += s.comm_s
-        self.bytes_sent += s.bytes_sent
-        self.loss = s.loss
+    if not count:
+        return None, None
+    return loss_sum / count, None if correct is None else correct / count
 
 
 def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | None = None) -> dict | None:
@@ -101,8 +91,9 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
     if dog is not None:
         dog.watch(group)
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, dataset, cfg.width, cfg.layers)
-    strategy = strategy_class(dp)(model, make_optimizer(cfg), group, **strategy_options(cfg, dp))
+    model = imported.make_model(cfg, dataset)
+    criterion = imported.loss_of(cfg, dataset)
+    strategy = Driver(model, make_optimizer(cfg), dp, group, **strategy_options(cfg, dp))
     roles = ctl.allgather(strategy.worker_rank)
     lead = roles.index(0)
     is_lead = ctl.rank == lead
@@ -116,9 +107,9 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
         print(f"psrt.train: resuming {dp} from {ckpt_path} at step {start}", file=sys.stderr, flush=True)
 
     def loss_fn(mb):
-        return loss_and_correct(model, mb, dataset.task)[0]
+        return loss_and_correct(model, mb, dataset.task, criterion)[0]
 
-    totals = Totals()
+    totals = strategy.totals
     metrics = report.Metrics(cfg.path_for(cfg.metrics, dp) if is_lead else None, append=cfg.resume)
     progress = report.Progress(total - start, f"{dp} x{strategy.num_workers}", enabled=is_lead and not cfg.quiet)
     x_all, y_all = dataset.train_x, dataset.train_y
@@ -129,10 +120,9 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
     if strategy.is_worker:
         for step in range(start, total):
             mbs = [(x_all[i], y_all[i]) for i in sampler.microbatches(step)]
-            stats = strategy.step(loss_fn, mbs)
+            stats = strategy.step(loss_fn, microbatches=mbs)
             if dog is not None:
                 dog.step(step + 1)
-            totals.add(stats)
             if is_lead:
                 epoch, _ = sampler.position(step)
                 metrics.write({"dp": dp, "step": step + 1, "epoch": epoch, "loss": report.finite(stats.loss),
@@ -154,11 +144,9 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
     wall = time.perf_counter() - t0
     if cfg.checkpoint:
         checkpoint.save(ckpt_path, ctl, strategy, total, sampler.steps_per_epoch, config)
-    test_loss, test_acc = evaluate(model, dataset) if strategy.is_worker else (None, None)
-    # A dedicated server takes no steps; its traffic is kept by the strategy itself.
-    sent = totals.bytes_sent if strategy.is_worker else getattr(strategy, "server_totals", {}).get("bytes_sent", 0)
+    test_loss, test_acc = evaluate(model, dataset, loss=criterion) if strategy.is_worker else (None, None)
     mine = {"worker": strategy.is_worker, "compute_s": totals.compute_s, "comm_s": totals.comm_s,
-            "bytes": sent, "opt": strategy.optimizer_state_bytes(), "steps": totals.steps,
+            "bytes": strategy.bytes_sent, "opt": strategy.optimizer_state_bytes(), "steps": totals.steps,
             "loss": totals.loss, "test_loss": test_loss, "test_acc": test_acc, "wall": wall}
     everyone = ctl.gather(mine, root=lead)
     group.close()
@@ -186,11 +174,11 @@ def summarize(dp: str, everyone: list[dict], lead: dict, batch_size: int) -> dic
 def train_all(cfg: TrainConfig, world, watchdog: bool = True) -> list[dict] | None:
     """Check every strategy, then train each of --dp in turn; the summary rows, in --dp
     order, on rank 0 (None elsewhere).  The driver of python -m psrt.train and the examples."""
-    from psrt.train.data import load
     check_strategies(cfg)
+    imported.check(cfg)        # the user's --model/--data import before any data is loaded
     set_threads(world)
     ctl = world.comm.Dup()     # the loop's own messages never match a strategy's
-    dataset = load(cfg.data, cfg.seq_len)
+    dataset = imported.load_data(cfg.data, cfg.seq_len)
     # A stuck collective or a silent rank ends the job with a report instead of a hang.
     dog = Watchdog(world, timeout_s=cfg.timeout_s).start() if watchdog else None
     mine = {}

@@ -145,11 +145,17 @@ def build_model(name: str, dataset, width: int = 0, layers: int = 0) -> nn.Modul
     raise PsrtError(f"--model {name!r}: choose one of {', '.join(MODELS)}", everywhere=True)
 
 
-def loss_and_correct(model: nn.Module, batch, task: str) -> tuple[torch.Tensor, int, int]:
-    """(mean cross-entropy, correct predictions, predictions) of `model` on `batch`."""
+def loss_and_correct(model: nn.Module, batch, task: str, loss=None) -> tuple[torch.Tensor, int | None, int]:
+    """(mean loss, correct predictions, predictions) of `model` on `batch`: cross-entropy, or
+    `loss(output, target)` when given.  Correct is None where targets are not class indices
+    shaped like the output without its last dimension (nothing to count)."""
     x, y = batch
     logits = model(x)
-    if task == "lm":
-        logits, y = logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
-    loss = F.cross_entropy(logits, y)
-    return loss, int((logits.argmax(-1) == y).sum()), y.numel()
+    if loss is not None:
+        value = loss(logits, y)
+    elif task == "lm":
+        value = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+    else:
+        value = F.cross_entropy(logits, y)
+    countable = torch.is_tensor(logits) and not y.is_floating_point() and logits.shape[:-1] == y.shape
+    return value, int((logits.argmax(-1) == y).sum()) if countable else None, y.numel()

@@ -111,3 +111,53 @@ def test_resume_on_another_world_size_is_refused(tmp_path):
     assert run.returncode == 2
     errors = [l for l in run.stderr.splitlines() if "psrt.train: error:" in l]
     assert len(errors) == 1 and "written by 1 ranks, this job has 2" in errors[0], run.stderr
+
+
+# ------------------------------------------------------------------ the user's own model and data
+USER = "tests.mpi.ranks.user_model"
+OWN = ["--model", f"{USER}:build_model", "--data", f"{USER}:build_dataset"]
+
+
+@pytest.mark.mpi
+def test_own_model_and_data_train_with_two_strategies(tmp_path):
+    """A model and data set from a test module, named by import path: ps with a dedicated
+    server (2 workers) and ring (3) on 3 ranks print the summary, write metrics, a checkpoint
+    and the model, and train alike (the same global batch: the same losses)."""
+    run = ranks(3, *OWN, "--dp", "ps,ring", "--servers", "1", "--steps", "4", "--quiet",
+                "--metrics", str(tmp_path / "m.jsonl"), "--checkpoint", str(tmp_path / "ck.pt"),
+                "--save", str(tmp_path / "final.pt")).check()
+    assert f"{USER}:build_model on {USER}:build_dataset: global batch 66, 3 ranks" in run.stdout
+    rows = {line.split()[0]: line.split() for line in run.stdout.splitlines() if line.split()[:1] in (["ps"], ["ring"])}
+    assert rows["ps"][1:3] == ["2", "4"] and rows["ring"][1:3] == ["3", "4"], run.stdout
+    summary = {dp: json.loads((tmp_path / f"m.{dp}.jsonl").read_text().splitlines()[-1]) for dp in ("ps", "ring")}
+    assert summary["ps"]["train_loss"] == pytest.approx(summary["ring"]["train_loss"], rel=1e-5)
+    assert summary["ps"]["test_loss"] == pytest.approx(summary["ring"]["test_loss"], rel=1e-5)
+    assert 0 <= summary["ring"]["test_acc"] <= 1
+    final = torch.load(tmp_path / "final.ring.pt", weights_only=True)
+    assert set(final) == {"embed.weight", "embed.bias", "mix.weight", "mix.bias", "head.weight", "head.bias", "scale"}
+    ckpt = torch.load(tmp_path / "ck.ps.pt", weights_only=True)
+    assert ckpt["step"] == 4 and ckpt["config"]["model"] == f"{USER}:build_model"
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--model", "user_model"], "--model 'user_model': choose one of mlp, cnn, transformer, or name your own as module:callable"),
+    (["--model", "no_such_package_psrt.models:build"], "--model no_such_package_psrt.models:build: cannot import "
+     "no_such_package_psrt.models (ModuleNotFoundError"),
+    (["--data", f"{USER}:no_such_data"], f"--data {USER}:no_such_data: module {USER} has no attribute 'no_such_data'"),
+    (["--model", f"{USER}:not_a_model"], f"--model {USER}:not_a_model returned a list; expected a torch.nn.Module"),
+    (["--model", f"{USER}:not_callable"], "not_callable is not callable (type int)"),
+    (["--data", f"{USER}:not_a_dataset"], f"--data {USER}:not_a_dataset returned a str; expected a psrt.train.data.Dataset"),
+])
+def test_bad_own_model_or_data_is_one_line_and_exit_2(argv, words):
+    out = single(*argv, "--steps", "1", "--quiet")
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "psrt.train: error:" in lines[0], out.stderr
+    assert words in lines[0], out.stderr
+
+
+@pytest.mark.mpi
+def test_bad_own_model_on_two_ranks_is_said_once():
+    run = ranks(2, "--model", f"{USER}:not_a_model", "--steps", "1")
+    errors = [line for line in run.stderr.splitlines() if "psrt.train: error:" in line]
+    assert run.returncode == 2 and len(errors) == 1 and "expected a torch.nn.Module" in errors[0], run.stderr
+    assert "Traceback" not in run.stderr

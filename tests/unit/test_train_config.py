@@ -22,6 +22,14 @@ def test_defaults_train_out_of_the_box():
     assert parse_args(["--optimizer", "adam"]).lr == pytest.approx(3e-3)
 
 
+def test_own_model_and_data_are_import_paths_checked_without_importing_them():
+    cfg = parse_args(["--model", "no_such_pkg.models:build_model", "--data", "no_such_pkg.data:Digits.build"])
+    assert (cfg.model, cfg.data) == ("no_such_pkg.models:build_model", "no_such_pkg.data:Digits.build")
+    assert parse_args(["--model", "mypkg:build"]).data == "digits"       # psrt's data by default
+    # psrt's models on the user's data, and the transformer too: the fit is checked when built
+    assert parse_args(["--model", "transformer", "--data", "mypkg:text"]).model == "transformer"
+
+
 def test_comma_list_of_strategies():
     cfg = parse_args(["--dp", "ps,ring"])
     assert cfg.dp_list == ["ps", "ring"]
@@ -38,7 +46,13 @@ def test_comma_list_of_strategies():
     (["--lr", "-0.1"], "--lr -0.1"),
     (["--bucket-mb", "0"], "--bucket-mb 0"),
     (["--steps", "x"], "--steps: invalid int value"),
-    (["--model", "resnet"], "--model: invalid choice"),
+    (["--model", "resnet"], "--model 'resnet': choose one of mlp, cnn, transformer, or name your own as module:callable"),
+    (["--data", "mnist"], "--data 'mnist': choose one of digits, text, synthetic, or name your own"),
+    (["--model", "my models:build"], "--model 'my models:build': expected module:callable"),
+    (["--model", "mypkg.models:"], "--model 'mypkg.models:': expected module:callable"),
+    (["--data", ":build"], "--data ':build': expected module:callable"),
+    (["--model", "mypkg.models:build", "--width", "64"], "--width shapes psrt's own models"),
+    (["--model", "mypkg.models:build", "--pp", "2"], "use --model transformer"),
     (["--compress", "int8"], "--compress: invalid choice"),
     (["--model", "mlp", "--data", "text"], "--model mlp cannot train on --data text"),
     (["--resume"], "--resume needs --checkpoint"),

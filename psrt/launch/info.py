@@ -9,6 +9,7 @@ rank 0 then prints a summary of the layout and the slowest rank's allreduce time
 from __future__ import annotations
 
 import json
+import os
 import re
 import statistics
 import sys
@@ -32,11 +33,35 @@ def parse_size(text: str) -> int:
     return int(m.group(1)) * _UNITS[unit]
 
 
-def facts(world) -> dict:
-    return {"rank": world.rank, "size": world.size, "local_rank": world.local_rank,
-            "local_size": world.local_size, "node_rank": world.node_rank,
-            "num_nodes": world.num_nodes, "hostname": world.hostname,
-            "launcher": world.launcher}
+SLURM_FACTS = {"job_id": "SLURM_JOB_ID", "nodelist": "SLURM_JOB_NODELIST", "procid": "SLURM_PROCID",
+               "nodeid": "SLURM_NODEID", "localid": "SLURM_LOCALID", "nodename": "SLURMD_NODENAME"}
+
+
+def facts(world, environ=os.environ) -> dict:
+    out = {"rank": world.rank, "size": world.size, "local_rank": world.local_rank,
+           "local_size": world.local_size, "node_rank": world.node_rank,
+           "num_nodes": world.num_nodes, "hostname": world.hostname,
+           "launcher": world.launcher}
+    if "SLURM_JOB_ID" in environ:
+        out["slurm"] = {k: environ.get(v) for k, v in SLURM_FACTS.items()}
+    return out
+
+
+def slurm_line(records: list[dict]) -> str | None:
+    """Whether psrt's placement is Slurm's: rank = SLURM_PROCID, host = SLURMD_NODENAME,
+    local rank = SLURM_LOCALID and node rank = SLURM_NODEID on every rank."""
+    if not all("slurm" in r for r in records):
+        return None
+    s0 = records[0]["slurm"]
+    differ = [f"rank {r['rank']} ({r['hostname']}, local {r['local_rank']}, node {r['node_rank']}) is "
+              f"Slurm's task {r['slurm']['procid']} ({r['slurm']['nodename']}, local {r['slurm']['localid']}, "
+              f"node {r['slurm']['nodeid']})"
+              for r in records
+              if (str(r["rank"]), r["hostname"], str(r["local_rank"]), str(r["node_rank"]))
+              != (r["slurm"]["procid"], r["slurm"]["nodename"], r["slurm"]["localid"], r["slurm"]["nodeid"])]
+    head = f"Slurm job {s0['job_id']} on {s0['nodelist']}: "
+    return head + ("placement matches Slurm's (rank, host, local rank, node rank)" if not differ
+                   else "placement differs from Slurm's: " + "; ".join(differ[:4]))
 
 
 def time_allreduce(world, nbytes: int, iters: int) -> dict:
@@ -88,6 +113,9 @@ def summary(records: list[dict]) -> list[str]:
     n = len(records)
     lines = [f"{n} rank{'s' * (n != 1)} on {len(by_host)} host{'s' * (len(by_host) != 1)}: "
              + "; ".join(f"{h} ranks {_ranges(r)}" for h, r in by_host.items())]
+    slurm = slurm_line(records)
+    if slurm:
+        lines.append(slurm)
     if "allreduce_s" in records[0]:
         nbytes = records[0]["allreduce_bytes"]
         t = max(r["allreduce_s"] for r in records)

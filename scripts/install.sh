@@ -16,6 +16,14 @@ if ! dpkg -s openmpi-bin libopenmpi-dev iproute2 >/dev/null 2>&1; then
     as_root apt-get install -y -qq openmpi-bin libopenmpi-dev iproute2 >/dev/null
 fi
 
+# Slurm and munge (Debian's 22.05), for python -m psrt.cluster up --slurm and its tests.
+# PSRT_WITH_SLURM=0 leaves them out.
+if [ "${PSRT_WITH_SLURM:-1}" != 0 ] && ! dpkg -s slurmctld slurmd slurm-client munge >/dev/null 2>&1; then
+    say "Slurm (slurmctld, slurmd, slurm-client) and munge from Debian"
+    as_root apt-get update -qq
+    as_root apt-get install -y -qq slurmctld slurmd slurm-client munge >/dev/null
+fi
+
 # Any other torch spec would pull several GB of CUDA packages on this kind of machine.
 if ! "$PYTHON" -c 'import torch' 2>/dev/null; then
     say "torch 2.13.0 (CPU)"

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from psrt.errors import ArgumentParser, PsrtError, cli_main
+from psrt.launch import slurm
 from psrt.launch.hostfile import is_local, parse_hostfile, parse_hosts
 from psrt.launch.mpi import find_mpirun, mpi_flavour, run_job
 from psrt.launch.plan import ROOT, plan_mpirun
@@ -58,6 +59,7 @@ class Cluster:
     subnet: str = DEFAULT_SUBNET
     rate: str | None = None   # tc syntax: 1gbit, 100mbit, 10mbps (bytes/s)
     delay: str | None = None  # tc syntax: 500us, 1ms
+    slurm: bool = False       # munge, slurmctld and one slurmd per host (psrt/launch/slurm.py)
 
     def __post_init__(self):
         object.__setattr__(self, "hosts", tuple(self.hosts))
@@ -103,7 +105,8 @@ class Cluster:
                                       self.delay and f"delay {self.delay}") if x)
         hosts = ", ".join(f"{h} ({self.address(h)})" for h in self.hosts)
         return [f"emulated cluster: {hosts} on {self.subnet}, {link}"
-                + (f", each host's {IFACE} shaped to {shape}" if shape else "")]
+                + (f", each host's {IFACE} shaped to {shape}" if shape else "")
+                + (f", Slurm (slurmctld on {self.hosts[0]}, a slurmd per host)" if self.slurm else "")]
 
 
 # --- commands ---------------------------------------------------------------------------------
@@ -260,6 +263,8 @@ def up(cluster: Cluster, owner: int | None = None) -> None:
     _state_path(cluster.hosts[0]).write_text(json.dumps({**asdict(cluster), "owner": owner}))
     try:
         _create(cluster)
+        if cluster.slurm:
+            slurm.start(cluster)
     except BaseException:
         down(cluster)
         raise
@@ -356,7 +361,8 @@ def down(cluster: Cluster) -> list[str]:
     clears what a crash left half made.
     """
     present = [ns for ns in cluster.namespaces if ns in existing_namespaces()]
-    _stop_processes(present)
+    _stop_processes(present)     # Slurm's daemons and jobs among them
+    slurm.stop(cluster)          # munged and Slurm's files, if any (also after a crash)
     for ns in present:
         _run(["ip", "netns", "del", ns], f"removing namespace {ns}")
     for h in cluster.hosts:
@@ -416,9 +422,11 @@ def link_bytes(host: str) -> tuple[int, int]:
 
 
 def job_env(cluster: Cluster, flavour: str, env) -> dict:
-    """Environment for a command run on the cluster: MPI settings and this checkout."""
+    """Environment for a command run on the cluster: MPI settings and this checkout (and
+    SLURM_CONF with Slurm: srun passes the rest on to the tasks)."""
     path = [str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return {**env, **mpi_env(cluster, flavour), "PYTHONPATH": os.pathsep.join(path)}
+    out = {**env, **mpi_env(cluster, flavour), "PYTHONPATH": os.pathsep.join(path)}
+    return slurm.env(cluster, out) if cluster.slurm else out
 
 
 # --- entry points -----------------------------------------------------------------------------
@@ -443,7 +451,8 @@ def launch(req, flavour: str, mpirun: str, env, cores: int, args, dry_run: bool 
 
 def _cluster_from(args) -> Cluster:
     hosts = parse_hosts(args.hosts) if args.hosts else parse_hostfile(args.hostfile)
-    return Cluster(tuple(h.name for h in hosts), args.subnet, args.rate, args.delay)
+    return Cluster(tuple(h.name for h in hosts), args.subnet, args.rate, args.delay,
+                   getattr(args, "slurm", False))
 
 
 def _parser() -> ArgumentParser:
@@ -460,9 +469,16 @@ def _parser() -> ArgumentParser:
         sp.add_argument("--rate", help="bandwidth of every host's link, tc syntax (1gbit)")
         sp.add_argument("--delay", help="one-way delay of every host's link (1ms; needs netem)")
 
-    shape_opts(sub.add_parser("up", help="create the cluster and leave it up"))
+    def slurm_opt(sp):
+        sp.add_argument("--slurm", action="store_true",
+                        help="also run Slurm: munge, slurmctld on the first host, a slurmd per host")
+
+    up_ = sub.add_parser("up", help="create the cluster and leave it up")
+    shape_opts(up_)
+    slurm_opt(up_)
     run = sub.add_parser("run", help="create, run a command on the first host, remove")
     shape_opts(run)
+    slurm_opt(run)
     run.add_argument("command", nargs=argparse.REMAINDER)
     ex = sub.add_parser("exec", help="run a command on a host of a cluster that is up")
     ex.add_argument("host")
@@ -510,7 +526,8 @@ def main(argv: list[str] | None = None) -> int:
         cluster = _cluster_from(args)
         up(cluster)
         print(cluster.describe()[0])
-        print(f"run: python -m psrt.cluster exec {cluster.hosts[0]} -- mpirun ...; "
+        launcher = "srun -N 2 -n 8 --mpi=pmix" if cluster.slurm else "mpirun"
+        print(f"run: python -m psrt.cluster exec {cluster.hosts[0]} -- {launcher} ...; "
               "remove: python -m psrt.cluster down")
         return 0
     if args.action == "exec":

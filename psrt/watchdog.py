@@ -144,7 +144,8 @@ class Watchdog:
             seen, s = self._heard.get(r, (None, None))
             if r in silent or s is None:
                 ago = f"{now - seen:.0f} s" if seen else "ever"
-                lines.append(f"  rank {r}: not heard from for {ago}: dead, or frozen without releasing the GIL")
+                where = f" ({s['host']})" if s else ""      # the host it last reported from
+                lines.append(f"  rank {r}{where}: not heard from for {ago}: dead, or frozen without releasing the GIL")
             elif s["waiting"] is not None:
                 lines.append(f"  rank {r} ({s['host']}): waiting in {s['name']} call #{s['call']} for "
                              f"{s['waiting']:.0f} s (step {s['step']})")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -59,6 +60,19 @@ def on(c: C.Cluster, *argv: str, timeout: float = 300) -> subprocess.CompletedPr
                           timeout=timeout, stdin=subprocess.DEVNULL, cwd=ROOT)
 
 
+def batch(c: C.Cluster, *argv: str, timeout: float = 240) -> str:
+    """sbatch ARGV, then wait for the job to leave the queue (sbatch --wait polls slowly);
+    returns the job id."""
+    sub = on(c, "sbatch", "--parsable", *argv)
+    assert sub.returncode == 0, sub.stdout + sub.stderr
+    job = sub.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + timeout
+    while on(c, "squeue", "-h", "-j", job).stdout.strip():
+        assert time.monotonic() < deadline, f"job {job} still queued after {timeout} s"
+        time.sleep(0.3)
+    return job
+
+
 def summary_rows(text: str) -> dict:
     """strategy -> (train loss, test loss, test acc) from psrt.train's summary table."""
     rows = {}
@@ -81,7 +95,8 @@ def test_srun_places_ranks_as_slurm_does(cluster):
 
 
 def test_srun_training_equals_mpirun(cluster, tmp_path):
-    train = [sys.executable, "-m", "psrt.train", "--dp", "ps,ring", "--steps", "5", "--quiet"]
+    train = [sys.executable, "-m", "psrt.train", "--dp", "ps,ring", "--steps", "5", "--quiet",
+             "--data", "synthetic", "--width", "16", "--batch-size", "16"]
     by_srun = on(cluster, "srun", "-N", "2", "--ntasks-per-node", "2", "--mpi=pmix", *train)
     assert by_srun.returncode == 0, by_srun.stderr[-3000:]
     hostfile = OUT / f"psrt-hosts-{os.getpid()}"
@@ -106,9 +121,8 @@ def test_torch_ddp_script_under_srun(cluster):
 def test_sbatch_job_script(cluster):
     out = OUT / f"psrt-sbatch-{os.getpid()}.out"
     try:
-        run = on(cluster, "sbatch", "--wait", "--ntasks-per-node", "2", f"--output={out}",
-                 "examples/slurm_job.sh", "--steps", "3", "--quiet")
-        assert run.returncode == 0, run.stdout + run.stderr
+        batch(cluster, "--ntasks-per-node", "2", f"--output={out}",
+              "examples/slurm_job.sh", "--steps", "3", "--quiet", "--data", "synthetic", "--width", "16")
         text = out.read_text()
     finally:
         out.unlink(missing_ok=True)
@@ -143,3 +157,90 @@ def test_scancel_ends_a_job(cluster):
     time.sleep(2)
     left = subprocess.run(["pgrep", "-af", "psrt.train --dp ring --steps 100000"], capture_output=True, text=True)
     assert not left.stdout.strip(), left.stdout
+
+
+def test_scancel_then_resume_in_a_new_batch_job_is_bitwise_identical(cluster):
+    """A job frozen after its 2nd checkpoint is cancelled; a new sbatch job resumes it with
+    --resume and ends with exactly the parameters of an uninterrupted run."""
+    d = OUT / f"psrt-resume-{os.getpid()}"
+    d.mkdir(exist_ok=True)
+    train = ["--data", "synthetic", "--width", "16", "--batch-size", "16", "--steps", "12",
+             "--checkpoint-every", "3", "--quiet", "--seed", "3", "--dp", "ring"]
+    srun = f"srun -N 2 --ntasks-per-node 1 --mpi=pmix {sys.executable}"
+    try:
+        ref = on(cluster, *srun.split(), "-m", "psrt.train", *train, "--checkpoint", str(d / "ref.ckpt"),
+                 "--save", str(d / "ref.pt"))
+        assert ref.returncode == 0, ref.stderr[-3000:]
+        frozen = " ".join([str(ROOT / "tests" / "mpi" / "ranks" / "fault_ckpt.py"), "2", str(d / "marker"), "--",
+                           *train, "--checkpoint", str(d / "run.ckpt"), "--save", str(d / "out.pt")])
+        sub = on(cluster, "sbatch", "--parsable", "-N", "2", "--ntasks-per-node", "1",
+                 f"--output={d}/first.out", "--wrap", f"{srun} {frozen}")
+        assert sub.returncode == 0, sub.stderr
+        job = sub.stdout.strip().split(";")[0]
+        deadline = time.monotonic() + 120
+        while not (d / "marker").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert (d / "marker").read_text() == "6"
+        assert on(cluster, "scancel", job).returncode == 0
+        while on(cluster, "squeue", "-h", "-j", job).stdout.strip() and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert not (d / "out.pt").exists()
+        resumed = " ".join(["-m", "psrt.train", *train, "--checkpoint", str(d / "run.ckpt"), "--resume",
+                            "--save", str(d / "out.pt")])
+        batch(cluster, "-N", "2", "--ntasks-per-node", "1", f"--output={d}/second.out",
+              "--wrap", f"{srun} {resumed}")
+        assert (d / "out.pt").exists(), (d / "second.out").read_text()[-3000:]
+        import torch
+        a, b = torch.load(d / "ref.pt", weights_only=True), torch.load(d / "out.pt", weights_only=True)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_salloc_then_mpirun_or_mpi_launch(cluster):
+    """Inside an allocation Open MPI's mpirun reads it, and mpi_launch picks srun."""
+    alloc = ["salloc", "-N", "2", "--ntasks-per-node", "2"]
+    by_mpirun = on(cluster, *alloc, "mpirun", sys.executable, "-m", "psrt.info")
+    assert by_mpirun.returncode == 0, by_mpirun.stderr[-3000:]
+    assert f"4 ranks on 2 hosts: {cluster.hosts[0]} ranks 0-1; {cluster.hosts[1]} ranks 2-3" in by_mpirun.stdout
+    by_launch = on(cluster, *alloc, str(ROOT / "mpi_launch"), "--extra-args=--mpi=pmix", sys.executable,
+                   "-m", "psrt.info")
+    assert by_launch.returncode == 0, by_launch.stderr[-3000:]
+    assert "launcher srun" in by_launch.stdout and "placement matches Slurm's" in by_launch.stdout
+
+
+def test_a_lost_node_ends_the_job_naming_it(cluster):
+    """Every process of the second host (its slurmd, the job's step and ranks) is killed at once
+    mid-job: the job ends, naming the lost node.  Runs last: the node stays down."""
+    env_timeout = "PSRT_TIMEOUT=4"
+    proc = subprocess.Popen(
+        C.exec_argv(cluster.hosts[0], ["sh", "-c", f"{env_timeout} exec srun -N 2 --ntasks-per-node 1 --mpi=pmix "
+                                       f"{sys.executable} -m psrt.train --dp ring --steps 100000 --quiet"]),
+        env=C.job_env(cluster, "openmpi4", dict(os.environ, OMP_NUM_THREADS="1")), cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:     # wait until the ranks train on the second host
+            pids = subprocess.run(["ip", "netns", "pids", cluster.hosts[1]], capture_output=True, text=True).stdout
+            if any("psrt.train" in Path(f"/proc/{p}/cmdline").read_text(errors="ignore")
+                   for p in pids.split() if Path(f"/proc/{p}/cmdline").exists()):
+                break
+            time.sleep(0.3)
+        time.sleep(3)
+        t0 = time.monotonic()
+        pids = subprocess.run(["ip", "netns", "pids", cluster.hosts[1]], capture_output=True, text=True).stdout
+        for pid in pids.split():          # the node dies at once: slurmd, slurmstepd, the rank
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert time.monotonic() - t0 < 60
+    # Whoever notices first says which node is gone: Slurm (its slurmd stopped answering) or
+    # psrt's watchdog (its rank stopped sending heartbeats).
+    assert (f"Node failure on {cluster.hosts[1]}" in err
+            or f"rank 1 ({cluster.hosts[1]}): not heard from" in err), err[-3000:]

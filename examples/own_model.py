@@ -18,7 +18,6 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import psrt
-from psrt.dp.driver import data_parallel
 
 
 class RingClassifier(nn.Module):
@@ -56,7 +55,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = RingClassifier()
     options = {} if args.servers is None else {"servers": args.servers}
-    dp = data_parallel(model, lambda params: torch.optim.SGD(params, lr=args.lr, momentum=0.9),
+    dp = psrt.data_parallel(model, lambda params: torch.optim.SGD(params, lr=args.lr, momentum=0.9),
                        strategy=args.strategy, world=world, accum=args.accum, **options)
     if args.batch % (dp.num_workers * args.accum):
         raise psrt.PsrtError(f"--batch {args.batch} does not split over {dp.num_workers} workers x "

@@ -19,6 +19,7 @@ _EXPORTS = {
     "Communicator": "psrt.collectives", "Handle": "psrt.collectives",
     "ALGORITHMS": "psrt.collectives", "ALL_ALGORITHMS": "psrt.collectives",
     "init_process_group": "psrt.c10d",
+    "data_parallel": "psrt.dp.driver",
     "PsrtError": "psrt.errors", "CollectiveMismatch": "psrt.errors",
 }
 __all__ = list(_EXPORTS)

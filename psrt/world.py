@@ -7,6 +7,7 @@ name), not from launcher variables, so it is right however the ranks were placed
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import time
@@ -83,11 +84,31 @@ def detect_launcher(env=os.environ) -> str:
 
 
 
+def _slurm_tasks_here(environ) -> int | None:
+    """Tasks on this node from SLURM_TASKS_PER_NODE ("2(x3),1": two on each of the first three
+    nodes, one on the fourth) and SLURM_NODEID, which srun sets whatever the distribution."""
+    spec, node = environ.get("SLURM_TASKS_PER_NODE", ""), environ.get("SLURM_NODEID", "")
+    if not spec or not node.isdigit():
+        return None
+    counts: list[int] = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not m:
+            return None
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts[int(node)] if int(node) < len(counts) else None
+
+
 def _env_local_size(environ=os.environ) -> int | None:
     """Ranks on this host as the launcher announced them (mpirun, horovodrun, srun, Hydra,
     torchrun), before MPI starts."""
-    for key in ("OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE", "MPI_LOCALNRANKS",
-                "SLURM_NTASKS_PER_NODE", "LOCAL_WORLD_SIZE"):
+    for key in ("OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
+        if environ.get(key, "").isdigit():
+            return int(environ[key])
+    here = _slurm_tasks_here(environ)
+    if here is not None:
+        return here
+    for key in ("SLURM_NTASKS_PER_NODE", "LOCAL_WORLD_SIZE"):
         if environ.get(key, "").isdigit():
             return int(environ[key])
     return None

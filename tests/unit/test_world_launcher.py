@@ -45,6 +45,8 @@ def test_mismatch_messages_say_what_to_run():
     ({"OMPI_COMM_WORLD_LOCAL_SIZE": "64"}, True),                  # mpirun, crowded
     ({"HOROVOD_LOCAL_SIZE": "64"}, True),                          # horovodrun, crowded
     ({"SLURM_NTASKS_PER_NODE": "64"}, True),                       # srun, crowded
+    ({"SLURM_TASKS_PER_NODE": "1,64(x2)", "SLURM_NODEID": "2"}, True),   # srun -n, crowded here
+    ({"SLURM_TASKS_PER_NODE": "1,64(x2)", "SLURM_NODEID": "0"}, False),  # one task on this node
     ({"OMPI_COMM_WORLD_LOCAL_SIZE": "1"}, False),                  # one rank: poll
     ({"OMPI_COMM_WORLD_LOCAL_SIZE": "64", "PSRT_YIELD": "0"}, False),
     ({"OMPI_COMM_WORLD_LOCAL_SIZE": "1", "PSRT_YIELD": "1"}, True),

@@ -9,7 +9,8 @@ What running Slurm 22.05 (Debian's packages) on network namespaces takes:
   namespaces of its own.  `ip netns exec` would mount a fresh sysfs, and slurmd then finds no
   cgroup file system and stops.
 - Each host gets its own /tmp (a bind mount in the daemon's mount namespace), or PMIx fails
-  with "Cannot create client cli tmpdir ... File exists", and the emulated hosts file over
+  with "Cannot create client cli tmpdir ... File exists" (a checkout under /tmp is mounted
+  back into it, so jobs still find psrt), and the emulated hosts file over
   /etc/hosts, which `ip netns exec` would have mounted: the tasks resolve host names with it.
 - `slurmd -N HOST` names the node; spool dir, pid file and log are per node (%n in slurm.conf);
   `SlurmdParameters=config_overrides` lets a node declare more CPUs than the machine has;
@@ -31,6 +32,7 @@ import time
 from pathlib import Path
 
 from psrt.errors import PsrtError
+from psrt.launch.plan import ROOT
 
 BASE = Path("/run/psrt-slurm")
 CPUS_PER_NODE = 4        # what each emulated node offers Slurm (slots, as in the hostfiles)
@@ -88,12 +90,19 @@ PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 
 
-def on_host(cluster, host: str, command: str) -> list[str]:
+def on_host(cluster, host: str, command: str, keep: Path = ROOT) -> list[str]:
     """argv that runs a shell `command` on `host` as Slurm's daemons and tasks see it: the
-    host's network namespace, its name, its hosts file and its own /tmp."""
+    host's network namespace, its name, its hosts file and its own /tmp.  `keep` (this
+    checkout) stays visible when it lies under /tmp."""
     tmp = folder(cluster) / host / "tmp"
-    setup = (f"hostname {shlex.quote(host)} && mount --bind /etc/netns/{host}/hosts /etc/hosts && "
-             f"mount --bind {shlex.quote(str(tmp))} /tmp && exec {command}")
+    q = shlex.quote
+    steps = [f"hostname {q(host)}", f"mount --bind /etc/netns/{host}/hosts /etc/hosts"]
+    inside = Path(keep).resolve()
+    if Path("/tmp") in inside.parents:
+        mirror = tmp / inside.relative_to("/tmp")
+        steps += [f"mkdir -p {q(str(mirror))}", f"mount --bind {q(str(inside))} {q(str(mirror))}"]
+    steps += [f"mount --rbind {q(str(tmp))} /tmp", f"exec {command}"]
+    setup = " && ".join(steps)
     return ["nsenter", f"--net=/run/netns/{host}", "unshare", "--uts", "--mount",
             "--propagation", "private", "sh", "-c", setup]
 

@@ -31,7 +31,15 @@ def test_daemons_enter_only_the_network_namespace():
     assert "--uts" in argv and "--mount" in argv
     script = argv[-1]
     assert "hostname node1" in script and "mount --bind /etc/netns/node1/hosts /etc/hosts" in script
-    assert "mount --bind /run/psrt-slurm/node0/node1/tmp /tmp" in script and script.endswith("exec slurmd -N node1")
+    assert "mount --rbind /run/psrt-slurm/node0/node1/tmp /tmp" in script and script.endswith("exec slurmd -N node1")
+
+
+def test_a_checkout_under_tmp_stays_visible_to_the_jobs(tmp_path):
+    script = slurm.on_host(_cluster(), "node1", "slurmd", keep=tmp_path)[-1]
+    mirror = f"/run/psrt-slurm/node0/node1/tmp/{tmp_path.relative_to('/tmp')}"
+    assert f"mount --bind {tmp_path} {mirror}" in script
+    assert script.index(mirror) < script.index("mount --rbind")   # before /tmp is covered
+    assert "mkdir" not in slurm.on_host(_cluster(), "node1", "slurmd", keep=slurm.Path("/work/x"))[-1]
 
 
 def test_cluster_describes_and_records_slurm():

@@ -99,10 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         if explicit_hosts or args.emulate:
             raise PsrtError("srun places ranks on the Slurm allocation's nodes: drop "
                             "--hostfile/--hosts/--emulate, or use --launcher mpirun")
-        srun = shutil.which("srun")
-        if srun is None and not args.dry_run:
+        if shutil.which("srun") is None and not args.dry_run:
             raise PsrtError("--launcher srun: no srun on PATH (not on a Slurm cluster?)")
-        plan = plan_srun(req, srun or "srun", env)
+        plan = plan_srun(req, "srun", env)      # by name, as the user would type it
         _say(plan.notes)
         if args.dry_run:
             print(plan.shell())

@@ -389,7 +389,7 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         def counts(t, splits, what):
             rows = t.shape[0] if t.dim() else 1
             splits = list(splits) if splits else [rows // n] * n
-            if not splits or sum(splits) != rows or (not list(splits) and rows % n):
+            if sum(splits) != rows:
                 raise PsrtError(f"psrt backend: all_to_all_single: {what} splits {splits} do not add "
                                 f"up to dim 0 ({rows})")
             row = _numel(t) // rows if rows else 0

@@ -91,10 +91,11 @@ def test_ddp_on_every_psrt_algorithm_equals_gloo(consumers, algorithm, n):
                 f"ddp on {algorithm} N={n}")
 
 
-@pytest.mark.parametrize("n", (2, 3, 5))
+@pytest.mark.parametrize("n", (3, 5))
 def test_every_call_and_error(run_ranks, n):
     """Each collective against its definition (all ReduceOps, dtypes, uneven all-to-all, p2p,
-    odd subgroups), then a mismatched call, and a failing all-reduce seen by DDP's backward,
+    odd subgroups; odd N, where folds and uneven splits show, and N = 1 below), then a
+    mismatched call, and a failing all-reduce seen by DDP's backward,
     the future and Work.wait (tests/mpi/ranks/c10d_ops.py)."""
     run = run_ranks(n, "c10d_ops.py", timeout=200).check()
     assert run.stdout.count("c10d ops ok") == n
@@ -143,7 +144,7 @@ def gloo_example():
     return _epochs(proc.stdout)
 
 
-@pytest.mark.parametrize("algorithm", ("auto", "ps"))
+@pytest.mark.parametrize("algorithm", ("ps",))
 def test_example_under_mpirun_equals_torchrun(run_ranks, gloo_example, algorithm):
     run = run_ranks(2, str(EXAMPLE), timeout=120, env={"PSRT_ALGORITHM": algorithm}).check()
     assert "DDP on psrt: 2 ranks" in run.stdout

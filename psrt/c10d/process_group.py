@@ -186,10 +186,7 @@ class ProcessGroupPsrt(dist.ProcessGroup):
                 return
             work._finish()
 
-        if threading.current_thread().name == "psrt-c10d":
-            job()   # a future's callback issuing a collective: run it now, in order
-        else:
-            self._worker.submit(job)
+        self._worker.submit(job)    # a future's callback on the worker runs at once, in order
         return work
 
     # ------------------------------------------------------------ reductions

@@ -61,6 +61,15 @@ class Executor:
                 self._idle.notify_all()
 
     def submit(self, fn) -> Handle:
+        if threading.current_thread() is self._thread:
+            # Submitted by what the worker runs (a completion callback issuing a collective):
+            # queuing it would wait on itself, and running it now keeps every rank's order.
+            handle = Handle()
+            try:
+                handle._set(fn())
+            except BaseException as err:  # noqa: BLE001 - handed to the waiter
+                handle._set(error=err)
+            return handle
         if self._thread is None:
             self._thread = threading.Thread(target=self._worker, name=self._name, daemon=True)
             self._thread.start()

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from psrt.c10d.process_group import Options, ProcessGroupPsrt
 from psrt.c10d.work import Work
-from psrt.errors import PsrtError
+from psrt.errors import PsrtError, make_options
 
 BACKEND = "psrt"
 _RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
@@ -100,7 +100,7 @@ def _create(common, options) -> ProcessGroupPsrt:
             raise PsrtError(f"psrt backend: group {common.group_id}: MPI rank {comm.Get_rank()} "
                             f"differs from torch's group rank {common.group_rank}")
     if isinstance(options, dict):
-        options = Options(**options)
+        options = make_options(Options, options, "psrt backend pg_options")
     elif options is not None and not isinstance(options, Options):
         options = None     # torch passes its own empty options object when none were given
     pg = ProcessGroupPsrt(comm, options, timeout=common.timeout,

@@ -64,10 +64,6 @@ def reduce_op(op) -> tuple[str, object]:
     return _OPS[kind], (op.factor if kind == RedOpType.PREMUL_SUM else None)
 
 
-def _wire_dtype(t: torch.Tensor) -> torch.dtype:
-    return t.dtype if t.dtype in SUPPORTED_DTYPES else torch.uint8
-
-
 def _flat(t: torch.Tensor) -> torch.Tensor:
     """t as a 1-D tensor of a dtype the transport moves: itself (a view when contiguous), or
     its bytes."""
@@ -77,7 +73,7 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 def _numel(t: torch.Tensor) -> int:
     """Elements of `_flat(t)`."""
-    return t.numel() * (t.element_size() if _wire_dtype(t) != t.dtype else 1)
+    return t.numel() if t.dtype in SUPPORTED_DTYPES else t.numel() * t.element_size()
 
 
 def _store(flat: torch.Tensor, into: torch.Tensor) -> None:
@@ -273,27 +269,27 @@ class ProcessGroupPsrt(dist.ProcessGroup):
             self._reduce_scatter_flat(src, out, [p.numel() for p in parts], opts.reduceOp)
         return self._submit("reduce_scatter", [out], run)
 
-    def reduce_scatter_single(self, output, input, opts=None):
-        opts = opts if opts is not None else dist.ReduceScatterOptions()
-        if input.numel() != output.numel() * self.size():
-            raise PsrtError(f"psrt backend: reduce_scatter_tensor: input has {input.numel()} elements, "
-                            f"expected {self.size()} x {output.numel()}")
-
-        def run():
-            self._reduce_scatter_flat(input, output, [output.numel()] * self.size(), opts.reduceOp)
-        return self._submit("reduce_scatter_tensor", [output], run)
-
-    _reduce_scatter_base = reduce_scatter_single
+    def _check_sizes(self, name: str, small: torch.Tensor, large: torch.Tensor, which: str) -> None:
+        """The `large` tensor of a *_tensor call holds one `small` per rank."""
+        if large.numel() != small.numel() * self.size():
+            raise PsrtError(f"psrt backend: {name}: {which} has {large.numel()} elements, "
+                            f"expected {self.size()} x {small.numel()}")
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        outputs, inputs = list(outputs), list(inputs)
+        pairs = list(zip(outputs, inputs))
+        for out, src in pairs:
+            self._check_sizes("reduce_scatter_tensor", out, src, "input")
 
         def run():
-            for out, src in zip(outputs, inputs):
+            for out, src in pairs:
                 self._reduce_scatter_flat(src, out, [out.numel()] * self.size(), opts.reduceOp)
-        return self._submit("reduce_scatter_tensor_coalesced", outputs, run)
+        return self._submit("reduce_scatter_tensor", [out for out, _ in pairs], run)
 
+    def reduce_scatter_single(self, output, input, opts=None):
+        return self.reduce_scatter_tensor_coalesced([output], [input], opts)
+
+    _reduce_scatter_base = reduce_scatter_single
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     # ------------------------------------------------------------ data movement
@@ -325,29 +321,26 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         return self._submit("allgather", outs, run)
 
     def _gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor) -> None:
-        if output.numel() != input.numel() * self.size():
-            raise PsrtError(f"psrt backend: all_gather_into_tensor: output has {output.numel()} "
-                            f"elements, expected {self.size()} x {input.numel()}")
         src = _flat(input)
         direct = output.view(-1) if output.is_contiguous() else None
         flat = self._allgather_flat(src, [src.numel()] * self.size(), direct)
         if direct is None or flat.data_ptr() != output.data_ptr():
             _store(flat, output)
 
-    def all_gather_single(self, output, input, opts=None):
-        return self._submit("all_gather_into_tensor", [output],
-                            lambda: self._gather_into_tensor(output, input))
-
-    _allgather_base = all_gather_single
-
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        outputs, inputs = list(outputs), list(inputs)
+        pairs = list(zip(outputs, inputs))
+        for out, src in pairs:
+            self._check_sizes("all_gather_into_tensor", src, out, "output")
 
         def run():
-            for out, src in zip(outputs, inputs):
+            for out, src in pairs:
                 self._gather_into_tensor(out, src)
-        return self._submit("allgather_into_tensor_coalesced", outputs, run)
+        return self._submit("all_gather_into_tensor", [out for out, _ in pairs], run)
 
+    def all_gather_single(self, output, input, opts=None):
+        return self.allgather_into_tensor_coalesced([output], [input], opts)
+
+    _allgather_base = all_gather_single
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
@@ -484,6 +477,3 @@ class _P2PWork(Work):
         if not self._done.is_set() and self._request.Test():
             self._complete()
         return self._done.is_set()
-
-    def get_future(self) -> torch.futures.Future:
-        return self._future

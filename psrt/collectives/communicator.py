@@ -48,7 +48,7 @@ _READS_SOURCE = frozenset({"ring"})
 # dtypes the MPI library reduces itself (no user-defined op), eligible for the lean path
 _MPI_TYPED = frozenset({torch.float32, torch.float64, torch.int32, torch.int64, torch.uint8, torch.int8})
 
-# in-place small all-reduces remembered per tensor (bounded: each entry keeps its tensor alive)
+# small all-reduces made ready per (input, output) pair (bounded: each entry keeps its tensors alive)
 _FAST_ENTRIES = 16
 
 _IMPLEMENTATIONS = {"allreduce": _ALLREDUCE, "reduce_scatter": _REDUCE_SCATTER, "allgather": _ALLGATHER,
@@ -102,7 +102,7 @@ class Communicator:
         self.calls = 0
         self.state: tuple = (0, "", None)
         self._scratch: dict = {}   # (numpy dtype, size) -> scratch of the small-message path
-        self._fast: dict = {}      # (ptr, numel, dtype, op, algorithm) -> a ready in-place call
+        self._fast: dict = {}      # (input ptr, output ptr, numel, dtype, op, algorithm) -> a ready call
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, size={self.size}, algorithm={self.algorithm!r})"
@@ -223,6 +223,7 @@ class Communicator:
         if out is not None and not async_op:
             fast = self._fast.get((t.data_ptr(), out.data_ptr(), t.numel(), t.dtype, op, algorithm))
             if fast is not None and self._executor.idle():
+                self.calls += 1      # what _verify counts on the full path
                 return fast()
         check_dtype(t)
         check_op(op, t.dtype)
@@ -235,7 +236,6 @@ class Communicator:
                 and out.is_contiguous() and not async_op and self.check != "all"):
             fast = self._fast_allreduce(t, out, op, algorithm, algo)
             if self._executor.idle():
-                self.calls -= 1      # counted again by the call itself
                 return fast()
         if small_cpu and algo in small.ALLREDUCE:
             return self._run("allreduce", lambda: self._small_allreduce(t, op, out, algo), async_op)
@@ -295,7 +295,6 @@ class Communicator:
         tmp, ufunc, fn, comm, size = self._small_tmp(a), small.UFUNCS[op], small.FAST[algo], self.comm, self.size
 
         def call():
-            self.calls += 1
             seq = self.calls
             self.state = (seq, "allreduce", time.monotonic())
             if copy:
@@ -512,8 +511,8 @@ class Communicator:
 
     def _check_pairs(self, send_counts: list[int], recv_counts: list[int]) -> None:
         """What rank i sends to j must be what j expects from i."""
-        sends = self._meta.allgather(send_counts)
-        recvs = self._meta.allgather(recv_counts)
+        every = self._meta.allgather((send_counts, recv_counts))
+        sends, recvs = [s for s, _ in every], [r for _, r in every]
         bad = [(i, j) for i in range(self.size) for j in range(self.size) if sends[i][j] != recvs[j][i]]
         if bad:
             listing = "; ".join(f"rank {i} sends {sends[i][j]} rows to rank {j}, which expects "

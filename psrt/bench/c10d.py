@@ -71,7 +71,7 @@ def measure(grad_mb: float, width: int = 1024, batch: int = 32, steps: int = 3, 
             opt.zero_grad(set_to_none=True)
             loss_of(model, mb).backward()
             opt.step()
-        return step, model
+        return step
 
     def fsdp(group):
         from torch.distributed.device_mesh import DeviceMesh
@@ -88,15 +88,13 @@ def measure(grad_mb: float, width: int = 1024, batch: int = 32, steps: int = 3, 
         group = psrt.Communicator(world.comm, algorithm="ring")
         model = build_model(grad_mb, width)
         dp = strategy_class("ring")(model, lambda p: torch.optim.SGD(p, lr=0.01), group)
-        return (lambda mb: dp.step(lambda b: loss_of(dp.model, b), [mb])), model
+        return lambda mb: dp.step(lambda b: loss_of(dp.model, b), [mb])
 
     def allreduce(group):
         """The gradients' all-reduce alone (the communication a DDP step adds)."""
         buf = torch.ones(params)
 
-        def step(mb):
-            dist.all_reduce(buf, group=group)
-        return step, None
+        return lambda mb: dist.all_reduce(buf, group=group)
 
     def psrt_phase():
         rows = {"all-reduce/psrt-auto": allreduce(dist.group.WORLD)}
@@ -118,7 +116,7 @@ def measure(grad_mb: float, width: int = 1024, batch: int = 32, steps: int = 3, 
     for phase in (psrt_phase, gloo_phase):
         runners = phase()
         for r in range(rounds + 1):           # round 0 warms up
-            for name, (step, model) in runners.items():
+            for name, step in runners.items():
                 world.comm.Barrier()
                 t0 = time.perf_counter()
                 for mb in data:

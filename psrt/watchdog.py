@@ -47,6 +47,9 @@ class Watchdog:
         self._groups = list(groups)
         self._step = 0
         self._comm = world.comm.Dup()
+        # Every rank's host, known from the start: a rank lost before its first heartbeat
+        # (its node died while it was starting) is still named with its host.
+        self._hosts = self._comm.allgather(world.hostname)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._heard: dict[int, tuple[float, dict]] = {}
@@ -108,7 +111,6 @@ class Watchdog:
         started = time.monotonic()
         while not self._stop.wait(self.interval):
             state = self._state()
-            state["host"] = self.world.hostname
             self._heard[me] = (time.monotonic(), state)
             for peer in range(n):
                 if peer != me:
@@ -144,13 +146,12 @@ class Watchdog:
             seen, s = self._heard.get(r, (None, None))
             if r in silent or s is None:
                 ago = f"{now - seen:.0f} s" if seen else "ever"
-                where = f" ({s['host']})" if s else ""      # the host it last reported from
-                lines.append(f"  rank {r}{where}: not heard from for {ago}: dead, or frozen without releasing the GIL")
+                lines.append(f"  rank {r} ({self._hosts[r]}): not heard from for {ago}: dead, or frozen without releasing the GIL")
             elif s["waiting"] is not None:
-                lines.append(f"  rank {r} ({s['host']}): waiting in {s['name']} call #{s['call']} for "
+                lines.append(f"  rank {r} ({self._hosts[r]}): waiting in {s['name']} call #{s['call']} for "
                              f"{s['waiting']:.0f} s (step {s['step']})")
             else:
                 behind = f": has not reached call #{front}" if s["call"] < front else ""
-                lines.append(f"  rank {r} ({s['host']}): running its own code after {s['name'] or 'no'} call "
+                lines.append(f"  rank {r} ({self._hosts[r]}): running its own code after {s['name'] or 'no'} call "
                              f"#{s['call']} (step {s['step']}){behind}")
         return "\n".join(lines)

@@ -49,6 +49,7 @@ _READS_SOURCE = frozenset({"ring"})
 _MPI_TYPED = frozenset({torch.float32, torch.float64, torch.int32, torch.int64, torch.uint8, torch.int8})
 
 # small all-reduces made ready per (input, output) pair (bounded: each entry keeps its tensors alive)
+_SCRATCH_BYTES = 64 << 20     # scratch of the NumPy path kept between calls, at most
 _FAST_ENTRIES = 16
 
 _IMPLEMENTATIONS = {"allreduce": _ALLREDUCE, "reduce_scatter": _REDUCE_SCATTER, "allgather": _ALLGATHER,
@@ -231,7 +232,7 @@ class Communicator:
         algo = self._pick("allreduce", algorithm, t.numel() * t.element_size())
         self._verify("allreduce", op=op, dtype=t.dtype, numel=t.numel(), algorithm=algo)
         small_cpu = (not t.is_cuda and t.dtype in small.DTYPES
-                     and t.numel() * t.element_size() <= small.SMALL_BYTES)
+                     and small.takes(algo, t.numel() * t.element_size()))
         if (small_cpu and algo in small.FAST and out is not None and t.is_contiguous()
                 and out.is_contiguous() and not async_op and self.check != "all"):
             fast = self._fast_allreduce(t, out, op, algorithm, algo)
@@ -267,7 +268,7 @@ class Communicator:
         key = (a.dtype, a.size)
         tmp = self._scratch.get(key)
         if tmp is None:
-            if len(self._scratch) > 64:
+            if len(self._scratch) > 64 or sum(x.nbytes for x in self._scratch.values()) > _SCRATCH_BYTES:
                 self._scratch.clear()
             tmp = self._scratch[key] = np.empty(a.size, dtype=a.dtype)
         return tmp

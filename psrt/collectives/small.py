@@ -1,6 +1,6 @@
 """Small messages: psrt's all-reduce schedules written directly in mpi4py over NumPy arrays.
 
-Below SMALL_BYTES a call costs Python, not bytes: a torch slice, a torch add and a tensor to
+Below SMALL_BYTES a call costs Python more than bytes: a torch slice, a torch add and a tensor to
 MPI-buffer conversion each take microseconds, while a message of a few bytes takes one or two.
 So for small CPU tensors the Communicator runs these functions on a NumPy view of the tensor's
 memory.  They send the same messages, with the same tags, to the same peers, in the same order
@@ -21,8 +21,20 @@ import torch
 from psrt.collectives.layout import even_counts, offsets
 from psrt.collectives.p2p import TAG_PS, TAG_RD, TAG_RHD, TAG_RING, TAG_TREE
 
-SMALL_BYTES = 64 << 10      # the crossover above which torch kernels on slices cost less than
-                            # what they do (measured with bench collectives at N = 2 and 4)
+# Up to 4 MiB a call's cost is set by Python between MPI calls (a torch slice, a torch add, a
+# tensor to MPI-buffer conversion: tens of microseconds per step), and with more ranks than
+# cores every microsecond a rank spends there holds up the ranks waiting on it.  Measured with
+# `bench collectives` (ring vs mpi4py-ring): at N = 2, 80 KiB-1 MiB, the torch path took
+# 1.4-4x the NumPy one and 1.1x at 4 MiB; at N = 4 on 2 cores 2-4.5x.  At 16 MiB the torch
+# ring's cache-sized segments win (0.8x), so larger tensors take that path.
+SMALL_BYTES = 4 << 20
+
+
+def takes(algo: str, nbytes: int) -> bool:
+    """Whether an all-reduce of nbytes with `algo` runs here: up to SMALL_BYTES, and for the
+    parameter server up to one pipeline segment, so that it sends what ps.py sends."""
+    from psrt.collectives.ps import PIPELINE_BYTES
+    return nbytes <= (PIPELINE_BYTES if algo == "ps" else SMALL_BYTES)
 UFUNCS = {"sum": np.add, "avg": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 # dtypes whose NumPy arithmetic is torch's (16-bit floats and bool travel as raw words)
 DTYPES = frozenset({torch.float32, torch.float64, torch.int32, torch.int64, torch.uint8, torch.int8})

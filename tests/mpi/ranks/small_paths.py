@@ -2,7 +2,7 @@
 torch implementations of the same algorithms: the same bits, and the two paths interoperate
 (a rank on one path and its peer on the other still match messages).
 
-For every algorithm, size (0, 1, 3, 1000 elements) and op: (1) every rank runs the torch
+For every algorithm, size (0, 1, 3, 1000 elements, and 1 MB for sums) and op: (1) every rank runs the torch
 implementation on a clone, (2) every rank runs the Communicator (small path, in place and out
 of place, twice so the ready-made in-place call is used), (3) even ranks run small.py while odd
 ranks run the torch implementation.  All must equal (1) bitwise.
@@ -23,9 +23,9 @@ group = psrt.Communicator(comm)
 r, n = world.rank, world.size
 failures, checked = [], 0
 for algo in small.ALLREDUCE:
-    for numel in (0, 1, 3, 1000):
-        for op in ("sum", "max", "prod"):
-            for dtype in (torch.float32, torch.int64):
+    for numel in (0, 1, 3, 1000, 250_000):      # 250k floats: 1 MB, a step of many chunks
+        for op in (("sum", "max", "prod") if numel < 250_000 else ("sum",)):
+            for dtype in ((torch.float32, torch.int64) if numel < 250_000 else (torch.float32,)):
                 g = torch.Generator().manual_seed(r * 7919 + numel)
                 x = (torch.rand(numel, generator=g) * 3 + 0.5).to(dtype) if dtype.is_floating_point \
                     else torch.randint(1, 4, (numel,), generator=g)

@@ -1,0 +1,52 @@
+"""Ping-pong between two ranks: the one-way time of a message, per size.
+
+The first rank sends m bytes, the last rank sends them back; half the round trip is the
+one-way time T(m).  On a link that behaves like Hockney's model, T(m) = alpha + m * beta
+(R. W. Hockney, "The communication challenge for MPP: Intel Paragon and Meiko CS-2",
+Parallel Computing 20(3), 1994); psrt.collectives.cost fits the two numbers.  Run the two
+ranks on different hosts (the first and last rank of a job with one rank per host) to
+measure the link between them.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+TAG = 9
+
+
+def pingpong(comm, sizes: list[int], repeats: int = 5, min_time_s: float = 0.05) -> list[dict]:
+    """[{"nbytes", "one_way_s", "min_s", "max_s"}] measured between rank 0 and the last rank
+    of `comm` (an mpi4py communicator); the other ranks only join the barriers.
+
+    Each size is timed as `repeats` loops of round trips, a loop lasting about `min_time_s`;
+    the median loop gives one_way_s, the fastest and slowest give the spread.
+    """
+    me, peer = comm.rank, comm.size - 1
+    if comm.size < 2:
+        raise ValueError("ping-pong needs at least 2 ranks")
+    points = []
+    for size in sizes:
+        buf = np.zeros(max(size, 1), dtype=np.uint8)[:size]
+        loops = []
+        count = 1
+        for i in range(repeats + 1):           # the first loop warms up and sizes the others
+            comm.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(count):
+                if me == 0:
+                    comm.Send(buf, peer, TAG)
+                    comm.Recv(buf, peer, TAG)
+                elif me == peer:
+                    comm.Recv(buf, 0, TAG)
+                    comm.Send(buf, 0, TAG)
+            elapsed = comm.bcast(time.perf_counter() - t0, root=0)
+            if i == 0:
+                count = comm.bcast(max(1, min(1000, int(min_time_s / max(elapsed, 1e-7)))), root=0)
+            else:
+                loops.append(elapsed / count / 2)
+        points.append({"nbytes": size, "one_way_s": statistics.median(loops),
+                       "min_s": min(loops), "max_s": max(loops)})
+    return points

@@ -15,7 +15,7 @@ import sys
 import psrt
 from psrt import faults
 from psrt.errors import cli_main
-from psrt.train import report
+from psrt.train import prediction, report
 from psrt.train.config import check_paths, parse_args, plan_batch
 
 
@@ -35,6 +35,8 @@ def main(argv=None) -> int:
               f"rank{'s' * (world.size != 1)}, "
               f"{cfg.optimizer} lr {cfg.lr:g}")
         print(report.summary_table(rows))
+        if "link" in rows[0]:
+            print("\n" + prediction.describe(rows))
         if not cfg.quiet:
             print(report.LEGEND)
         sys.stdout.flush()

@@ -22,7 +22,7 @@ from psrt.dp.common import optimizer_factory, optimizer_state_bytes
 from psrt.dp.driver import Driver
 from psrt.errors import PsrtError, make_options
 from psrt.grid import Grid
-from psrt.train import checkpoint, imported, report
+from psrt.train import checkpoint, imported, prediction, report
 from psrt.train.config import STRATEGY_FLAGS, TrainConfig, flag
 from psrt.train.data import ShardedSampler
 from psrt.train.hybrid import HybridConfig, HybridTrainer
@@ -155,9 +155,16 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
         if cfg.save:
             checkpoint.atomic_save(model.state_dict(), cfg.path_for(cfg.save, dp))
         row = summarize(dp, everyone, mine, cfg.batch_size)
-        metrics.write(dict({"summary": True}, **{k: report.finite(v) for k, v in row.items()}))
+        row["grad_bytes"] = wire_gradient_bytes(model, cfg, dp)
     metrics.close()
     return row
+
+
+def wire_gradient_bytes(model, cfg: TrainConfig, dp: str) -> int:
+    """Bytes of gradients a step communicates: every trainable parameter, in the --compress
+    dtype where the strategy takes it."""
+    squeeze = cfg.compress != "none" and "compress" in option_names(strategy_class(dp))
+    return sum(p.numel() * (2 if squeeze else p.element_size()) for p in model.parameters() if p.requires_grad)
 
 
 def summarize(dp: str, everyone: list[dict], lead: dict, batch_size: int) -> dict:
@@ -188,12 +195,22 @@ def train_all(cfg: TrainConfig, world, watchdog: bool = True) -> list[dict] | No
             mine[dp] = row
     # Each strategy's lead worker holds its row (a server may be rank 0): collect them.
     found = ctl.gather(mine, root=0)
+    # Comparing strategies: the alpha-beta model of this run's link, beside the measurement.
+    link = prediction.measure(world, ctl) if len(cfg.dp_list) > 1 and cfg.pp * cfg.tp == 1 else None
     if dog is not None:
         dog.stop()
     ctl.Free()
     if found is None:
         return None
-    return [next(f[dp] for f in found if dp in f) for dp in cfg.dp_list]
+    rows = [next(f[dp] for f in found if dp in f) for dp in cfg.dp_list]
+    if link is not None:
+        prediction.annotate(rows, link, cfg.servers)
+    # Each metrics file ends with its strategy's summary, the prediction included.
+    for dp, row in zip(cfg.dp_list, rows):
+        out = report.Metrics(cfg.path_for(cfg.metrics, dp), append=True)
+        out.write({"summary": True, **{k: report.finite(v) for k, v in row.items() if k != "link"}})
+        out.close()
+    return rows
 
 
 def set_threads(world) -> None:
@@ -262,6 +279,5 @@ def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset) -> dict | None:
     if cfg.save:
         checkpoint.atomic_save(model.state_dict(), cfg.path_for(cfg.save, dp))
     row = summarize(f"{dp} pp{grid.pp} tp{grid.tp}", everyone, mine, cfg.batch_size)
-    metrics.write(dict({"summary": True}, **{k: report.finite(v) for k, v in row.items()}))
     metrics.close()
     return row

@@ -127,14 +127,22 @@ def test_own_model_and_data_train_with_two_strategies(tmp_path):
                 "--metrics", str(tmp_path / "m.jsonl"), "--checkpoint", str(tmp_path / "ck.pt"),
                 "--save", str(tmp_path / "final.pt")).check()
     assert f"{USER}:build_model on {USER}:build_dataset: global batch 66, 3 ranks" in run.stdout
-    rows = {line.split()[0]: line.split() for line in run.stdout.splitlines() if line.split()[:1] in (["ps"], ["ring"])}
+    table, _, model = run.stdout.partition("alpha-beta model (ping-pong rank 0")
+    rows = {line.split()[0]: line.split() for line in table.splitlines() if line.split()[:1] in (["ps"], ["ring"])}
     assert rows["ps"][1:3] == ["2", "4"] and rows["ring"][1:3] == ["3", "4"], run.stdout
+    # Two strategies compared: the alpha-beta prediction, regime and crossover follow the table.
+    assert "crossover: ring communicates faster than ps above" in model, run.stdout
+    predicted = {line.split()[0]: line for line in model.splitlines() if line.split()[:1] in (["ps"], ["ring"])}
+    assert set(predicted) == {"ps", "ring"} and all("-bound" in line for line in predicted.values()), model
     summary = {dp: json.loads((tmp_path / f"m.{dp}.jsonl").read_text().splitlines()[-1]) for dp in ("ps", "ring")}
+    assert all(s["summary"] and s["pred_comm_s"] > 0 and s["regime"].endswith("-bound") for s in summary.values())
+    assert summary["ring"]["crossover_vs"] == "ps"
     assert summary["ps"]["train_loss"] == pytest.approx(summary["ring"]["train_loss"], rel=1e-5)
     assert summary["ps"]["test_loss"] == pytest.approx(summary["ring"]["test_loss"], rel=1e-5)
     assert 0 <= summary["ring"]["test_acc"] <= 1
     final = torch.load(tmp_path / "final.ring.pt", weights_only=True)
     assert set(final) == {"embed.weight", "embed.bias", "mix.weight", "mix.bias", "head.weight", "head.bias", "scale"}
+    assert summary["ring"]["grad_bytes"] == sum(t.numel() * 4 for k, t in final.items() if k != "scale")  # a buffer
     ckpt = torch.load(tmp_path / "ck.ps.pt", weights_only=True)
     assert ckpt["step"] == 4 and ckpt["config"]["model"] == f"{USER}:build_model"
 

@@ -1,0 +1,136 @@
+"""The alpha-beta prediction beside `psrt.train`'s summary when it compares strategies.
+
+After the last strategy has trained, rank 0 and one rank on another host (or, on one host,
+rank 1) ping-pong messages of 8 B to 4 MiB; the fit (psrt.collectives.cost.fit) gives this
+run's alpha and beta.  psrt.dp.traffic turns them into each strategy's communication time
+per step on the job's placement, its regime (whether the latency or the bandwidth part is
+larger) and the gradient size above which the ring's step beats the parameter server's.
+The measured columns sit beside the predicted ones; where they part by more than 2x, the
+line under the table says what the model leaves out.
+
+On one host there is no network link: each rank is modelled as its own node joined by the
+shared-memory path the ping-pong measured, a rough guide that says so.
+"""
+from __future__ import annotations
+
+import os
+
+from psrt.collectives import cost
+from psrt.collectives.pingpong import pingpong
+from psrt.dp import traffic
+from psrt.train.report import fmt_bytes, format_table
+
+SIZES = [8, 1 << 20, 2 << 20, 4 << 20]
+RING_FAMILY = traffic.RING_LIKE
+PS_FAMILY = tuple(traffic.PS_LAYOUTS)
+
+
+def measure(world, ctl) -> dict | None:
+    """Fit alpha and beta between rank 0 and a rank on another host (collective over ctl);
+    the link description on rank 0, None elsewhere and on one rank."""
+    from mpi4py import MPI
+    hosts = ctl.allgather(world.hostname)
+    if ctl.size < 2:
+        return None
+    peer = next((r for r, h in enumerate(hosts) if h != hosts[0]), 1)
+    pair = ctl.Split(0 if ctl.rank in (0, peer) else MPI.UNDEFINED, key=0 if ctl.rank == 0 else 1)
+    if pair == MPI.COMM_NULL:
+        return None
+    points = pingpong(pair, SIZES, repeats=3, min_time_s=0.02)
+    pair.Free()
+    if ctl.rank != 0:
+        return None
+    names = list(dict.fromkeys(hosts))
+    one_host = len(names) == 1
+    fit = cost.fit(points)
+    return {"alpha_s": fit.alpha_s, "beta_s_per_byte": fit.beta_s_per_byte,
+            "between": f"rank 0 ({hosts[0]}) <-> rank {peer} ({hosts[peer]})",
+            "hosts": len(names), "ranks": ctl.size, "cores": os.cpu_count() or 1,
+            "per_host": max(hosts.count(h) for h in names),
+            "host_of": list(range(ctl.size)) if one_host else [names.index(h) for h in hosts]}
+
+
+def annotate(rows: list[dict], link: dict, servers: int | None) -> None:
+    """Add each row's prediction (pred_comm_s, pred_step_s, regime) and the link's fit, and,
+    to the first ring-like row, the crossover against the first parameter-server row."""
+    for row in rows:
+        row.update(link=link, alpha_s=link["alpha_s"], beta_s_per_byte=link["beta_s_per_byte"])
+    fit = cost.Fit(link["alpha_s"], link["beta_s_per_byte"], 1.0)
+    n, host_of = link["ranks"], link["host_of"]
+    for row in rows:
+        p = traffic.predict(row["dp"], n, row["grad_bytes"], host_of, fit, servers)
+        if p is None or not row["steps"]:
+            continue
+        row.update(pred_comm_s=p.total_s, regime=p.regime,
+                   pred_step_s=row["compute_s"] / row["steps"] + p.total_s)
+    ps = next((r for r in rows if r["dp"] in PS_FAMILY), None)
+    ring = next((r for r in rows if r["dp"] in RING_FAMILY), None)
+    if ps and ring:
+        ring["crossover_bytes"] = traffic.crossover(ps["dp"], ring["dp"], n, host_of, fit, servers)
+        ring["crossover_vs"] = ps["dp"]
+
+
+COLUMNS = [("dp", "strategy", ""), ("pred_comm", "comm/step predicted", ""), ("comm", "measured", ""),
+           ("pred_step", "step predicted", ""), ("step", "measured", ""), ("regime", "regime", "")]
+
+
+def describe(rows: list[dict]) -> str:
+    """The text under the summary table (rows annotated by `annotate`): the link, the table
+    of predictions, the crossover and, where the measurement is far from the model, why."""
+    link = rows[0]["link"]
+    where = (f"{link['ranks']} ranks on one host (no network: shared memory modelled as links)"
+             if link["hosts"] == 1 else f"{link['ranks']} ranks on {link['hosts']} hosts")
+    lines = [f"alpha-beta model (ping-pong {link['between']}): alpha {link['alpha_s'] * 1e6:.1f} us, "
+             f"{1 / link['beta_s_per_byte'] / 1e6:.0f} MB/s; {where}; "
+             f"gradients {fmt_bytes(rows[0]['grad_bytes'])} per step"]
+    table = []
+    for r in rows:
+        steps = max(r["steps"], 1)
+        table.append({"dp": r["dp"], "pred_comm": duration(r.get("pred_comm_s")),
+                      "comm": duration(r["comm_s"] / steps), "pred_step": duration(r.get("pred_step_s")),
+                      "step": duration(r["wall_s"] / steps), "regime": r.get("regime", "-")})
+    lines.append(format_table(table, COLUMNS))
+    ring = next((r for r in rows if "crossover_vs" in r), None)
+    if ring is not None:
+        lines.append(crossover_line(ring, rows))
+    far = [r for r in rows if r.get("pred_comm_s") and r["comm_s"] / max(r["steps"], 1) > 2 * r["pred_comm_s"]]
+    if far:
+        lines.append(why_far(far, link))
+    return "\n".join(lines)
+
+
+def duration(seconds: float | None) -> str | None:
+    """12 us, 3.4 ms, 870 ms, 1.2 s: three significant figures at most."""
+    if seconds is None:
+        return None
+    for unit, scale in (("s", 1.0), ("ms", 1e-3)):
+        if seconds >= scale:
+            v = seconds / scale
+            return f"{v:.0f} {unit}" if v >= 100 else f"{v:.3g} {unit}"
+    return f"{seconds * 1e6:.3g} us"
+
+
+def crossover_line(ring: dict, rows: list[dict]) -> str:
+    vs, m = ring["crossover_vs"], ring["crossover_bytes"]
+    other = next(r for r in rows if r["dp"] == vs)
+    if m is None:
+        return (f"crossover: on this placement the model never has {ring['dp']} beat {vs}: "
+                f"{ring['dp']} puts as many bytes on the busiest link and pays more latencies")
+    ratio = other["pred_comm_s"] / ring["pred_comm_s"]
+    if m == 0:
+        return (f"crossover: {ring['dp']} beats {vs} at every gradient size on this placement "
+                f"(here {ratio:.1f}x less communication per step)")
+    here = "above" if ring["grad_bytes"] >= m else "below"
+    return (f"crossover: {ring['dp']} communicates faster than {vs} above {fmt_bytes(m)} of gradients "
+            f"on this placement; this model's {fmt_bytes(ring['grad_bytes'])} is {here} it "
+            f"({ring['dp']} predicted {ratio:.2f}x {vs}'s speed)")
+
+
+def why_far(rows: list[dict], link: dict) -> str:
+    names = ", ".join(f"{r['dp']} {r['comm_s'] / max(r['steps'], 1) / r['pred_comm_s']:.1f}x" for r in rows)
+    if link["per_host"] > link["cores"] or link["hosts"] == 1 and link["ranks"] > link["cores"]:
+        return (f"measured comm over the model: {names}. {link['per_host']} ranks share a host's "
+                f"{link['cores']} cores: a rank waiting for a message often waits for its sender to be scheduled, a "
+                f"cost per sequential step (ring: 2(N-1) of them, ps: 2) that the link model leaves out")
+    return (f"measured comm over the model: {names}: the reductions and copies of this machine's "
+            f"cores, which the link model leaves out, are a large part of the step")

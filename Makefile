@@ -1,7 +1,6 @@
 # psrt: set-up, demo and tests.  `make demo` and `make test` each install what they need first.
 # absolute: the ranks of Debian's mpirun may see /usr/bin first on PATH, whose python3 has no torch
 PYTHON ?= $(shell command -v python3)
-NP ?= 4
 
 .PHONY: install demo test bench tune clean
 
@@ -9,7 +8,7 @@ install:
 	bash scripts/install.sh
 
 demo: install
-	./mpi_launch -np $(NP) $(PYTHON) -m psrt.train --dp ps,ring
+	$(PYTHON) -m psrt.bench demo
 
 test: install
 	bash scripts/test.sh

@@ -1,5 +1,6 @@
 """`python -m psrt.bench`: parameter server vs ring, against every peer, with the model.
 
+    python -m psrt.bench demo                     # PS vs ring on 4 emulated hosts (make demo)
     python -m psrt.bench suite --out out/bench    # all of it: report.md, JSON, CSV, PNG
     python -m psrt.bench suite --quick            # a small version, under a minute
     ./mpi_launch -np 4 python -m psrt.bench collectives --max-size 64MiB --json out/coll.json
@@ -21,7 +22,7 @@ import sys
 
 from psrt.errors import ArgumentParser, cli_main
 
-COMMANDS = ("suite", "collectives", "training", "c10d", "pipeline", "pingpong", "network", "tune")
+COMMANDS = ("demo", "suite", "collectives", "training", "c10d", "pipeline", "pingpong", "network", "tune")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -47,3 +47,25 @@ def test_network_quick_shows_the_server_bottleneck(tmp_path):
                 if ns.startswith("psrt-h")]
 
 
+
+
+@netns
+@pytest.mark.mpi
+@pytest.mark.netns
+def test_demo_shows_the_ring_winning_on_emulated_hosts(tmp_path):
+    """`make demo`'s command, smaller: 3 hosts at 1 Gbit/s, a 1M-parameter MLP.  The ring's
+    step is well under the server's, the prediction and crossover are printed, the PNG is
+    written, and the two loss curves are the same training."""
+    proc = _bench("demo", "--hosts", "3", "--steps", "3", "--width", "1024", "--out", str(tmp_path), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "--emulate --hosts h0,h1,h2 --rate 1gbit" in proc.stderr
+    assert "alpha-beta model (ping-pong rank 0 (h0) <-> rank 1 (h1))" in proc.stdout, proc.stdout
+    assert "3 ranks on 3 hosts" in proc.stdout and "crossover: ring communicates faster than ps" in proc.stdout
+    verdict = next(line for line in proc.stdout.splitlines() if line.startswith("psrt demo: ring step"))
+    ratio = float(verdict.split(" = ")[1].split("x")[0])
+    assert ratio < 0.75, verdict          # the model: 4 M beta for ps, 1.33 M beta for the ring
+    assert "the alpha-beta model predicted" in verdict
+    assert (tmp_path / "ps_vs_ring.png").stat().st_size > 10_000
+    losses = {dp: [json.loads(x)["loss"] for x in (tmp_path / f"metrics.{dp}.jsonl").read_text().splitlines()
+                   if '"summary"' not in x] for dp in ("ps", "ring")}
+    assert len(losses["ps"]) == 3 and losses["ps"] == pytest.approx(losses["ring"], rel=1e-5)

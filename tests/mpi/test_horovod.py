@@ -127,6 +127,21 @@ def test_bench_horovod_peer(horovod, run_ranks, tmp_path):
 
 
 @pytest.mark.mpi
+def test_bench_where_horovods_time_goes(horovod, run_ranks, tmp_path):
+    """bench horovod reads Horovod's own timeline: every timed call appears in it, and its
+    phases fit inside the call (MPI_Allreduce is the largest part of a 1 MiB call)."""
+    out = tmp_path / "hvd.json"
+    run = run_ranks(2, "-m", "psrt.bench", "horovod", "--sizes", "256K,1MiB", "--repeats", "2", "--json", str(out),
+                    timeout=240).check()
+    assert "of Horovod's call is the MPI library's MPI_Allreduce" in run.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["nbytes"] for r in rows] == [256 << 10, 1 << 20]
+    for r in rows:
+        assert r["calls_timed"] >= 4 and 0 < r["mpi_allreduce_us"] and r["negotiate_us"] >= 0
+        assert r["ring_vs_horovod"] == pytest.approx(r["horovod_us"] / r["ring_us"])
+
+
+@pytest.mark.mpi
 def test_example_horovod_vs_ring(horovod, run_ranks):
     """Same loop, same seed: the two strategies end at the same loss (fp32 rounding apart)."""
     out = run_ranks(2, "../../../examples/horovod_vs_ring.py", "--steps", "5", "--quiet", timeout=240).check().stdout

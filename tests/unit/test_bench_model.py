@@ -2,6 +2,8 @@
 sizes per rate and how goals are judged."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from psrt.bench import network
@@ -91,3 +93,23 @@ def test_the_report_names_the_command_that_made_it():
                                         out="out/bench")) == "python -m psrt.bench suite --out out/bench"
     assert command_line(SimpleNamespace(quick=True, np=[2], parts=["training"], out="o")) == \
         "python -m psrt.bench suite --quick --np 2 --parts training --out o"
+
+
+def test_horovod_timeline_phases_by_shape(tmp_path):
+    """Horovod's timeline as rank 0 writes it (unterminated JSON array, B/E pairs per tensor,
+    the shape on ALLREDUCE's end): each phase lands under the shape of its call."""
+    from psrt.bench.horovod import read_timeline
+    events = [{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "allreduce.g"}}]
+    for shape, t0 in (("[1024]", 0), ("[1024]", 100), ("[4096]", 200)):
+        events += [{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": t0, "pid": 1},
+                   {"ph": "X", "name": "0", "ts": t0 + 1, "pid": 1, "dur": 0},
+                   {"ph": "E", "ts": t0 + 5, "pid": 1},
+                   {"ph": "B", "name": "ALLREDUCE", "ts": t0 + 6, "pid": 1},
+                   {"ph": "B", "name": "MPI_ALLREDUCE", "ts": t0 + 7, "pid": 1},
+                   {"ph": "E", "ts": t0 + 50, "pid": 1},
+                   {"ph": "E", "ts": t0 + 51, "pid": 1, "args": {"dtype": "float32", "shape": shape}}]
+    path = tmp_path / "timeline.json"
+    path.write_text("[\n" + ",\n".join(json.dumps(e) for e in events) + ",\n")
+    got = read_timeline(path)
+    assert got["[1024]"] == {"NEGOTIATE_ALLREDUCE": [5, 5], "MPI_ALLREDUCE": [43, 43], "ALLREDUCE": [45, 45]}
+    assert got["[4096]"]["MPI_ALLREDUCE"] == [43]

@@ -122,13 +122,19 @@ def yield_before_mpi_starts(environ=os.environ) -> str | None:
     took 4.8 ms one way busy-polling, 14 us yielding; docs/launching.md).  So when the
     launcher announced more ranks on this host than it has cores, or PSRT_YIELD=1, Open MPI's
     mpi_yield_when_idle is set in this process's environment, where MPI_Init reads it: the
-    same for mpirun, horovodrun and srun.  PSRT_YIELD=0 leaves polling on; a value the user
-    set (OMPI_MCA_mpi_yield_when_idle) wins.  Returns what to tell the user, or None.
+    same for mpirun, horovodrun and srun.  PSRT_YIELD=0 sets it to 0 (ranks busy-poll, even where
+    mpirun would yield on its own); a value the user or launcher set (OMPI_MCA_mpi_yield_when_idle) wins.  Returns what to tell the user, or None.
     """
     forced = env.get("PSRT_YIELD", environ)
     local, cores = _env_local_size(environ), os.cpu_count() or 1
     crowded = local is not None and local > cores
-    if forced is False or not (forced or crowded) or "OMPI_MCA_mpi_yield_when_idle" in environ:
+    if "OMPI_MCA_mpi_yield_when_idle" in environ:
+        return None
+    if forced is False:
+        # Said explicitly: Open MPI itself would yield on a host mpirun knows is oversubscribed.
+        environ["OMPI_MCA_mpi_yield_when_idle"] = "0"
+        return None
+    if not (forced or crowded):
         return None
     environ["OMPI_MCA_mpi_yield_when_idle"] = "1"
     if forced:

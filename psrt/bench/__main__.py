@@ -10,6 +10,7 @@
     ./mpi_launch -np 4 python -m psrt.bench pipeline    # pipeline bubble, activations, TP bytes
     ./mpi_launch -np 2 python -m psrt.bench pingpong    # one-way time and the alpha-beta fit
     python -m psrt.bench network                  # shaped emulated hosts (root)
+    python -m psrt.bench oversubscription --srun  # PSRT_YIELD=0 vs 1 under mpirun and srun
     python -m psrt.bench tune --np 2,4,8          # re-measure the table behind 'auto'
 
 Each subcommand is a module of this package with HELP, add_arguments(parser) and
@@ -23,7 +24,7 @@ import sys
 
 from psrt.errors import ArgumentParser, cli_main
 
-COMMANDS = ("demo", "suite", "collectives", "training", "c10d", "horovod", "pipeline", "pingpong", "network", "tune")
+COMMANDS = ("demo", "suite", "collectives", "training", "c10d", "horovod", "pipeline", "pingpong", "network", "oversubscription", "tune")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 @cli_main("psrt.bench")
 def main(argv=None) -> int:
+    # The subcommands import psrt's collectives, whose import starts MPI: decide now whether
+    # the ranks yield when idle (psrt.world), while MPI can still be told.
+    from psrt.world import yield_before_mpi_starts
+    yield_before_mpi_starts()
     args = build_parser().parse_args(argv)
     return args.run(args)
 

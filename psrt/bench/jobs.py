@@ -29,14 +29,16 @@ def _read(code: int, out: str, what: str) -> dict:
         return json.load(f)
 
 
-def local(np_: int, args: list[str], timeout_s: float | None = None) -> dict:
-    """`mpirun -np N python -m psrt.bench ARGS --json F` on this host; F's content."""
+def local(np_: int, args: list[str], timeout_s: float | None = None, env: dict | None = None) -> dict:
+    """`mpirun -np N python -m psrt.bench ARGS --json F` on this host, with `env` added to
+    this process's environment (a PSRT_YIELD there decides yielding, not mpirun); F's content."""
     from psrt.launch.mpi import local_mpirun_prefix
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out.json")
-        cmd = local_mpirun_prefix(np_) + _bench(args, out)
+        cmd = local_mpirun_prefix(np_, yield_when_idle="PSRT_YIELD" not in (env or {})) + _bench(args, out)
         try:
-            code = subprocess.run(cmd, stdin=subprocess.DEVNULL, env=_env(), timeout=timeout_s).returncode
+            code = subprocess.run(cmd, stdin=subprocess.DEVNULL, env={**_env(), **(env or {})},
+                                  timeout=timeout_s).returncode
         except subprocess.TimeoutExpired:
             raise PsrtError(f"`{' '.join(args[:1])}` on {np_} ranks took more than {timeout_s:.0f} s") from None
         return _read(code, out, f"psrt.bench {args[0]} on {np_} local ranks")

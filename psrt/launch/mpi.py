@@ -106,11 +106,12 @@ def run_job(argv, env, quiet_exit: bool = False) -> int:
     return 128 - code if code < 0 else code
 
 
-def local_mpirun_prefix(np_: int, mpirun: str = "mpirun") -> list[str]:
+def local_mpirun_prefix(np_: int, mpirun: str = "mpirun", yield_when_idle: bool = True) -> list[str]:
     """mpirun argv for N ranks on this host, oversubscribing when N exceeds the cores.
 
     Ranks that busy-poll on an oversubscribed host starve each other, so they are told to
-    yield when idle (Open MPI's mpi_yield_when_idle).
+    yield when idle (Open MPI's mpi_yield_when_idle); yield_when_idle=False leaves the choice
+    to the ranks (PSRT_YIELD).
     """
     flavour = mpi_flavour(mpirun)
     argv = [find_mpirun(mpirun), "-np", str(np_)]
@@ -119,7 +120,7 @@ def local_mpirun_prefix(np_: int, mpirun: str = "mpirun") -> list[str]:
             argv.append("--allow-run-as-root")
         if np_ > (os.cpu_count() or 1):
             argv.append("--oversubscribe")
-        argv += ["--mca", "mpi_yield_when_idle", "1", "--bind-to", "none"]
+        argv += (["--mca", "mpi_yield_when_idle", "1"] if yield_when_idle else []) + ["--bind-to", "none"]
     return argv
 
 

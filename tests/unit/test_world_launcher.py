@@ -61,3 +61,10 @@ def test_crowded_hosts_yield_before_mpi_starts(environ, yields):
 def test_a_yield_setting_of_the_user_wins():
     environ = {"OMPI_COMM_WORLD_LOCAL_SIZE": "64", "OMPI_MCA_mpi_yield_when_idle": "0"}
     assert yield_before_mpi_starts(environ) is None and environ["OMPI_MCA_mpi_yield_when_idle"] == "0"
+
+
+def test_psrt_yield_0_makes_ranks_poll_even_where_mpirun_would_yield():
+    """Open MPI yields on its own where mpirun knows the host is oversubscribed: PSRT_YIELD=0
+    has to say 0 explicitly for the ranks to poll."""
+    environ = {"OMPI_COMM_WORLD_LOCAL_SIZE": "64", "PSRT_YIELD": "0"}
+    assert yield_before_mpi_starts(environ) is None and environ["OMPI_MCA_mpi_yield_when_idle"] == "0"

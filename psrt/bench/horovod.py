@@ -113,7 +113,7 @@ def command(args) -> int:
             print(f"# {r['size']}: {share:.0%} of Horovod's call is the MPI library's MPI_Allreduce, which takes "
                   f"{r['mpi_allreduce_us'] / r['native_us']:.2f}x the same call made directly (Horovod's thread "
                   f"runs it while the caller waits); 2x Horovod is a ring of {r['horovod_us'] / 2:.0f} us, "
-                  f"{2 * r['native_us'] / r['horovod_us']:.2f}x faster than the direct call (psrt's: "
+                  f"{2 * r['native_us'] / r['horovod_us']:.2f}x the direct call's speed (psrt's ring: "
                   f"{r['ring_vs_native']:.2f}x)")
     if args.json:
         report.write_json(args.json, {"meta": {"world_size": world.size, "mpi": report.mpi_version()}, "rows": rows})

@@ -8,7 +8,7 @@ so the ring's step should take about a third of the server's.  psrt.train prints
 and, beside it, the alpha-beta prediction of each step from a ping-pong of this run, the
 regime and the crossover size; this command then draws both strategies' loss curves (they
 must lie on each other: the same training) and their step time split into compute and
-communication, predicted beside measured.
+communication, predicted beside measured, and every rank's timeline (psrt.trace).
 
 Where namespaces cannot be made (not root, no `ip`), it says why and runs 4 local ranks.
 """
@@ -47,7 +47,7 @@ def launch_argv(args, emulate: bool) -> list[str]:
               "--subnet", SUBNET] if emulate else ["-np", str(args.hosts)])
     return ([str(ROOT / "mpi_launch"), *where, sys.executable, "-m", "psrt.train", "--dp", "ps,ring",
              "--width", str(args.width), "--layers", "2", "--steps", str(args.steps),
-             "--metrics", str(Path(args.out) / "metrics.jsonl")])
+             "--metrics", str(Path(args.out) / "metrics.jsonl"), "--trace", str(Path(args.out) / "trace.json")])
 
 
 def command(args) -> int:
@@ -72,6 +72,11 @@ def command(args) -> int:
     print("\n" + verdict(runs))
     if plot(runs, png):
         print(f"psrt demo: wrote {png} (loss curves; step time split, predicted beside measured)")
+    from psrt.trace.__main__ import draw, load
+    timeline = Path(args.out) / "timeline.png"
+    draw(load(str(Path(args.out) / "trace.json")), str(timeline))
+    print(f"psrt demo: wrote {timeline} (every rank's timeline; {Path(args.out) / 'trace.json'} opens in "
+          "ui.perfetto.dev)")
     return 0
 
 

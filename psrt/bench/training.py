@@ -23,6 +23,7 @@ import torch
 
 from psrt.dp.base import DataParallel, StepStats
 from psrt.dp.common import flatten
+from psrt.trace import Tracer
 
 DEFAULT_STRATEGIES = ("ps", "ps-sharded", "ring", "native", "torch", "torch-ddp", "horovod")
 PEER = "torch-ddp"
@@ -57,6 +58,9 @@ class TorchDDPPeer(DataParallel):
         return StepStats(loss=total / n, compute_s=time.perf_counter() - start)
 
 
+TRACED = "+trace"      # the same strategy, recording a timeline (bench training --trace)
+
+
 def make_strategy(name: str, model, make_optimizer, group, bucket_mb: float | None = None):
     if name == PEER:
         return TorchDDPPeer(model, make_optimizer, group)
@@ -82,10 +86,11 @@ def available(names: list[str]) -> list[str]:
 
 def measure(world, names: list[str], model_name: str = "mlp", width: int = 1024, layers: int = 2,
             per_rank_batch: int = 32, steps: int = 5, rounds: int = 3, warmup: int = 2,
-            bucket_mb: float | None = None, progress=None) -> list[dict]:
+            bucket_mb: float | None = None, progress=None, trace: str | None = None) -> list[dict]:
     """One row per strategy, the same on every rank: step time (slowest and fastest rank),
     samples/s, the ratio to torch DDP, and how far its parameters ended from the first
-    strategy's (max_param_diff)."""
+    strategy's (max_param_diff).  A name ending in TRACED is that strategy recording a
+    psrt.trace timeline, which `trace` names the file of."""
     import psrt
     from psrt.train.data import load
     from psrt.train.models import build_model, loss_and_correct
@@ -111,11 +116,12 @@ def measure(world, names: list[str], model_name: str = "mlp", width: int = 1024,
             psrt.init_torch_distributed(world)
         strategies, groups = {}, []
         for name in phase:
-            group = psrt.Communicator(world.comm, algorithm="auto")
+            base = name.removesuffix(TRACED)
+            group = psrt.Communicator(world.comm, algorithm="auto", tracer=Tracer() if base != name else None)
             groups.append(group)
             torch.manual_seed(0)
             model = build_model(model_name, dataset, width, layers)
-            strategies[name] = make_strategy(name, model, lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9),
+            strategies[name] = make_strategy(base, model, lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9),
                                              group, bucket_mb)
             times[name], fastest[name] = [], []
         for r in range(rounds + 1):           # round 0 warms up (buffers, buckets, threads)
@@ -139,6 +145,8 @@ def measure(world, names: list[str], model_name: str = "mlp", width: int = 1024,
             s.finish()
             params[name] = flatten(list(s.model.parameters()))
         for group in groups:
+            if group.tracer.on and trace:
+                group.tracer.write(ctl, trace, world.hostname)
             group.close()
         if "horovod" in strategies:
             strategies["horovod"].hvd.shutdown()
@@ -189,6 +197,8 @@ def add_arguments(tr) -> None:
     tr.add_argument("--bucket-mb", type=float, default=None,
                     help="gradient bucket size of psrt's DDP strategies (default: theirs)")
     tr.add_argument("--rounds", type=int, default=3)
+    tr.add_argument("--trace", metavar="FILE", help="also time the ring with psrt.trace recording (row "
+                    "ring+trace, the overhead) and write its Chrome-trace timeline to FILE")
     tr.add_argument("--json")
     tr.add_argument("--quiet", action="store_true")
 
@@ -212,12 +222,14 @@ def command(args) -> int:
     world = psrt.init()
     asked = args.dp.split(",") if args.dp else list(DEFAULT_STRATEGIES)
     names = available(asked)
+    if args.trace:      # the traced twin right after the ring, in the same phase
+        names.insert(names.index("ring") + 1 if "ring" in names else len(names), "ring" + TRACED)
     if world.rank == 0 and len(names) < len(asked) and not args.quiet:
         print("psrt.bench: horovod is not installed, left out (scripts/install_horovod.sh)", file=sys.stderr)
     progress = Progress(len(names) * (args.rounds + 1), f"training np={world.size}",
                         enabled=world.rank == 0 and not args.quiet, unit="rounds")
     rows = measure(world, names, args.model, args.width, args.layers, args.batch,
-                            args.steps, args.rounds, bucket_mb=args.bucket_mb, progress=progress)
+                   args.steps, args.rounds, bucket_mb=args.bucket_mb, progress=progress, trace=args.trace)
     if world.rank != 0:
         return 0
     if not args.quiet:
@@ -225,6 +237,10 @@ def command(args) -> int:
               f"rank, N={world.size} on {world.num_nodes} host(s); step = median of {args.rounds} rounds "
               f"of {args.steps} steps, slowest rank")
         report.table(rows, COLUMNS)
+        step = {r["dp"]: r["step_s"] for r in rows}
+        if "ring" + TRACED in step and "ring" in step:
+            print(f"# tracing overhead on the ring DDP step: {step['ring' + TRACED] / step['ring']:.3f}x "
+                  f"(goal: under 1.05x); timeline in {args.trace}")
     if args.json:
         report.write_json(args.json, {"meta": {"world_size": world.size, "num_nodes": world.num_nodes,
                                                "model": args.model, "width": args.width, "layers": args.layers,

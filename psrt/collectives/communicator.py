@@ -22,6 +22,7 @@ from psrt.collectives.algorithms import ALGORITHMS, ALL_ALGORITHMS
 from psrt.collectives.layout import even_counts, offsets, require_mpi_comm
 from psrt.collectives.tuning import Tuning
 from psrt.errors import CollectiveMismatch, PsrtError
+from psrt.trace import OFF, Tracer
 from psrt.transport import Staging, check_dtype, check_op, np_view
 
 # collective -> algorithm -> implementation (comm, buf, ...) in place on a flat buffer.
@@ -79,8 +80,9 @@ class Communicator:
     """
 
     def __init__(self, comm, algorithm: str = "auto", tuning: Tuning | None = None,
-                 torch_group=None, check: str | None = None):
+                 torch_group=None, check: str | None = None, tracer: Tracer | None = None):
         self.comm = require_mpi_comm(comm, "Communicator")
+        self.tracer = tracer or OFF     # every collective a span when on (psrt.trace)
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         if algorithm not in ALL_ALGORITHMS:
@@ -176,15 +178,17 @@ class Communicator:
             return self._staging.host_buffer(src).copy_(src.reshape(-1))
         return src.reshape(-1).clone() if src.is_contiguous() else src.contiguous().view(-1)
 
-    def _run(self, name: str, fn, async_op: bool):
+    def _run(self, name: str, fn, async_op: bool, algo: str | None = None, nbytes: int | None = None):
         seq = self.calls
 
         def tracked():
             self.state = (seq, name, time.monotonic())
+            t0 = time.perf_counter_ns()
             try:
                 return fn()
             finally:
                 self.state = (seq, name, None)
+                self.tracer.add(name, "comm", t0, time.perf_counter_ns(), algorithm=algo, bytes=nbytes)
         return self._executor.submit(tracked) if async_op else self._executor.run(tracked)
 
     @staticmethod
@@ -229,23 +233,25 @@ class Communicator:
         check_dtype(t)
         check_op(op, t.dtype)
         self._check_out(out, t.shape, t.dtype, "allreduce")
-        algo = self._pick("allreduce", algorithm, t.numel() * t.element_size())
+        nbytes = t.numel() * t.element_size()
+        algo = self._pick("allreduce", algorithm, nbytes)
         self._verify("allreduce", op=op, dtype=t.dtype, numel=t.numel(), algorithm=algo)
-        small_cpu = (not t.is_cuda and t.dtype in small.DTYPES
-                     and small.takes(algo, t.numel() * t.element_size()))
+        small_cpu = not t.is_cuda and t.dtype in small.DTYPES and small.takes(algo, nbytes)
         if (small_cpu and algo in small.FAST and out is not None and t.is_contiguous()
                 and out.is_contiguous() and not async_op and self.check != "all"):
             fast = self._fast_allreduce(t, out, op, algorithm, algo)
             if self._executor.idle():
                 return fast()
         if small_cpu and algo in small.ALLREDUCE:
-            return self._run("allreduce", lambda: self._small_allreduce(t, op, out, algo), async_op)
+            return self._run("allreduce", lambda: self._small_allreduce(t, op, out, algo), async_op, algo, nbytes)
         if (algo == "native" and not async_op and self._executor.idle() and not t.is_cuda
                 and t.dtype in _MPI_TYPED and t.is_contiguous()
                 and (out is None or out.is_contiguous())):
             result = out if out is not None else torch.empty_like(t)
             self.state = (self.calls, "allreduce", time.monotonic())
+            t0 = time.perf_counter_ns()
             native.allreduce_into(self.comm, t, result, op)
+            self.tracer.add("allreduce", "comm", t0, time.perf_counter_ns(), algorithm=algo, bytes=nbytes)
             self.state = (self.calls, "allreduce", None)
             return result.div_(self.size) if op == "avg" else result
         fn = _ALLREDUCE[algo]
@@ -262,7 +268,7 @@ class Communicator:
             if op == "avg":
                 flat.div_(self.size)
             return Staging.from_mpi(flat, result)
-        return self._run('allreduce', run, async_op)
+        return self._run('allreduce', run, async_op, algo, nbytes)
 
     def _small_tmp(self, a) -> "np.ndarray":
         key = (a.dtype, a.size)
@@ -298,11 +304,13 @@ class Communicator:
         def call():
             seq = self.calls
             self.state = (seq, "allreduce", time.monotonic())
+            t0 = time.perf_counter_ns()
             if copy:
                 np.copyto(a, src)
             fn(comm, a, tmp, ufunc)
             if op == "avg":
                 np.divide(a, size, out=a)
+            self.tracer.add("allreduce", "comm", t0, time.perf_counter_ns(), algorithm=algo, bytes=a.nbytes)
             self.state = (seq, "allreduce", None)
             return out
         if len(self._fast) >= _FAST_ENTRIES:
@@ -337,7 +345,7 @@ class Communicator:
                 mine.div_(self.size)
             result = out if out is not None else torch.empty(shape, dtype=t.dtype, device=t.device)
             return result.copy_(mine)
-        return self._run('reduce_scatter', run, async_op)
+        return self._run('reduce_scatter', run, async_op, algo)
 
     def reduce(self, t: torch.Tensor, root: int = 0, op: str = "sum", out: torch.Tensor | None = None,
                algorithm: str | None = None, async_op: bool = False):
@@ -359,7 +367,7 @@ class Communicator:
             if op == "avg":
                 flat.div_(self.size)
             return Staging.from_mpi(flat, result if result is not None else torch.empty_like(t))
-        return self._run('reduce', run, async_op)
+        return self._run('reduce', run, async_op, algo)
 
     # ------------------------------------------------------------ data movement
     def broadcast(self, t: torch.Tensor, root: int = 0, algorithm: str | None = None,
@@ -375,7 +383,7 @@ class Communicator:
             flat = self._work(t, algo, direct=t)
             fn(self._backend_comm(algo), flat, root)
             return Staging.from_mpi(flat, t)
-        return self._run('broadcast', run, async_op)
+        return self._run('broadcast', run, async_op, algo)
 
     def allgather(self, t: torch.Tensor, out: torch.Tensor | None = None, counts=None,
                   algorithm: str | None = None, async_op: bool = False):
@@ -412,7 +420,7 @@ class Communicator:
             flat[off[self.rank]:off[self.rank + 1]].copy_(t.reshape(-1))
             fn(self._backend_comm(algo), flat, elems)
             return Staging.from_mpi(flat, result)
-        return self._run('allgather', run, async_op)
+        return self._run('allgather', run, async_op, algo)
 
     def gather(self, t: torch.Tensor, root: int = 0, async_op: bool = False):
         """Concatenate every rank's t along dim 0 on `root` (uneven rows allowed); None elsewhere."""

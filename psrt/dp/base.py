@@ -21,6 +21,7 @@ import torch
 
 from psrt.dp.common import optimizer_state_bytes
 from psrt.errors import make_options
+from psrt.trace import OFF
 
 
 @dataclass
@@ -75,6 +76,11 @@ class DataParallel(abc.ABC):
     def worker_rank(self) -> int:
         """This rank's index among the workers (0..num_workers-1); -1 on a server."""
         return self.group.rank if self.is_worker else -1
+
+    @property
+    def tracer(self):
+        """Where this strategy's spans go: its communicator's tracer (psrt.trace), if any."""
+        return getattr(self.group, "tracer", OFF)
 
     def optimizer_state_bytes(self) -> int:
         """Bytes of optimizer-state tensors held by this rank (momentum, Adam moments...)."""

@@ -225,8 +225,10 @@ class DDP(DataParallel):
             bucket.reset()
         self._next = self._launched_in_backward = 0
         n, total = len(microbatches), 0.0
+        trace = self.tracer
         for k, mb in enumerate(microbatches):
-            loss = loss_fn(mb)
+            with trace.span("forward", "compute", microbatch=k):
+                loss = loss_fn(mb)
             total += loss.item()
             if k == n - 1:
                 self.buckets[-1].flat[-1] = total / n   # the loss travels with the last bucket
@@ -234,13 +236,15 @@ class DDP(DataParallel):
             try:
                 # Each micro-batch loss is a mean over its samples: dividing by n makes the
                 # accumulated gradient that of the mean over all of this rank's samples.
-                (loss / n).backward()
+                with trace.span("backward", "compute", microbatch=k):
+                    (loss / n).backward()
             finally:
                 self._syncing = False
         self._flush()
         waited = time.perf_counter()
-        for bucket in self.buckets:
-            bucket.handle.wait()
+        with trace.span("wait for buckets", "wait", buckets=len(self.buckets)):
+            for bucket in self.buckets:
+                bucket.handle.wait()
         comm_s = time.perf_counter() - waited
         # The optimizer reads the averaged gradients where they landed, in the buckets
         # (PyTorch DDP's gradient_as_bucket_view), instead of a copy.  The next step's
@@ -248,7 +252,8 @@ class DDP(DataParallel):
         for bucket in self.buckets:
             for i, p in enumerate(bucket.params):
                 p.grad = bucket.slot(i).view_as(p)
-        self.optimizer.step()
+        with trace.span("optimizer", "compute"):
+            self.optimizer.step()
         elapsed = time.perf_counter() - start
         sent = sum(self.reducer.wire_bytes(b.flat) for b in self.buckets)
         return StepStats(loss=float(self.buckets[-1].flat[-1]), compute_s=elapsed - comm_s, comm_s=comm_s,

@@ -103,8 +103,10 @@ class ParameterServer(DataParallel):
             raise PsrtError(f"--dp {self.name}: rank {self.rank} is a dedicated server; call serve()")
         if self._finished:
             raise PsrtError(f"--dp {self.name}: rank {self.rank} called step() after finish()")
+        trace = self.tracer
         t0 = now()
-        loss = local_backward(self.model, loss_fn, microbatches)
+        with trace.span("forward+backward", "compute", microbatches=len(microbatches)):
+            loss = local_backward(self.model, loss_fn, microbatches)
         t1 = now()
         reqs, sent = [], 0
         for s, srv in enumerate(self.server_ranks):
@@ -121,9 +123,10 @@ class ParameterServer(DataParallel):
             send_reqs, nbytes, update_s = self._serve_round(own=self._push[self.shard])
             reqs += send_reqs
             sent += nbytes
-        wait_all(reqs, self.timeout_s, lambda p: f"--dp {self.name} worker rank {self.rank}: no "
-                 f"parameters from server rank(s) {self._servers_of(reqs, p)} for step "
-                 f"{self._step} after {self.timeout_s:.0f} s")
+        with trace.span("push and pull", "comm", bytes=sent):
+            wait_all(reqs, self.timeout_s, lambda p: f"--dp {self.name} worker rank {self.rank}: no "
+                     f"parameters from server rank(s) {self._servers_of(reqs, p)} for step "
+                     f"{self._step} after {self.timeout_s:.0f} s")
         for s, srv in enumerate(self.server_ranks):
             src = self._out if srv == self.rank else self._pull[s]
             if int(src.head[0]) != self._step:
@@ -153,10 +156,11 @@ class ParameterServer(DataParallel):
         remote = sorted(self._active)
         inbox = self._inbox
         reqs = [self.pcomm.Irecv(inbox[w].msg(), w, MPI.ANY_TAG) for w in remote]
-        statuses = wait_all(reqs, self.timeout_s, lambda p: (
-            f"--dp {self.name} server rank {self.rank}: no gradient or DONE from worker rank(s) "
-            f"{[remote[i] for i in p]} after {self.timeout_s:.0f} s (a worker stopped without "
-            "calling finish()?)"))
+        with self.tracer.span("server: wait for pushes", "wait", workers=len(remote)):
+            statuses = wait_all(reqs, self.timeout_s, lambda p: (
+                f"--dp {self.name} server rank {self.rank}: no gradient or DONE from worker rank(s) "
+                f"{[remote[i] for i in p]} after {self.timeout_s:.0f} s (a worker stopped without "
+                "calling finish()?)"))
         tags = {w: st.Get_tag() for w, st in zip(remote, statuses)}
         parts, steps, losses, contributors = [], {}, [], []
         for w in sorted(remote + ([self.rank] if own is not None else [])):
@@ -182,7 +186,8 @@ class ParameterServer(DataParallel):
             raise PsrtError(f"--dp {self.name} server rank {self.rank}: workers disagree on the "
                             f"step number ({listing}); did they resume from different checkpoints?")
         t0 = now()
-        self.holder.apply(average_in_order(parts, self._acc), self._out.data)
+        with self.tracer.span("server: reduce and update", "server", workers=len(parts)):
+            self.holder.apply(average_in_order(parts, self._acc), self._out.data)
         update_s = now() - t0
         self._out.head[0] = next(iter(steps.values()))
         self._out.head[1] = sum(losses) / len(losses)          # rank order, like the gradients

@@ -24,6 +24,7 @@ from torch import nn
 from psrt.errors import PsrtError
 from psrt.pp.p2p import P2P
 from psrt.pp.schedule import Schedule
+from psrt.trace import OFF, Tracer
 
 ACT, GRAD = 0, 1
 
@@ -80,11 +81,13 @@ class PipelineRuntime:
         loss_fn: (last stage output, target) -> scalar mean loss of the micro-batch.
         device: where activations live ("cpu" or a CUDA device).
         timeout_s: how long a receive waits before raising PsrtError (default PSRT_TIMEOUT).
+        tracer: a psrt.trace.Tracer: each micro-batch's forward and backward is a span.
     """
 
     def __init__(self, stages: dict[int, nn.Module], schedule: Schedule, comm,
-                 loss_fn: Callable, device="cpu", timeout_s: float | None = None):
+                 loss_fn: Callable, device="cpu", timeout_s: float | None = None, tracer: Tracer | None = None):
         self.rank = comm.Get_rank()
+        self.tracer = tracer or OFF
         if comm.Get_size() != schedule.num_ranks:
             raise PsrtError(f"pipeline: schedule {schedule.name} is for {schedule.num_ranks} "
                             f"ranks but the pipeline communicator has {comm.Get_size()}")
@@ -133,7 +136,7 @@ class PipelineRuntime:
                         raise PsrtError(f"pipeline: stage {s} received a {x.dtype} activation; "
                                         "tensors between stages must be floating point")
                     x.requires_grad_()
-                t0 = time.perf_counter()
+                t0, t0_ns = time.perf_counter(), time.perf_counter_ns()
                 saved = _SavedBytes(self._params)
                 saved.pack(x)           # the input is held until B too (counted once)
                 with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
@@ -143,6 +146,7 @@ class PipelineRuntime:
                         loss_sum += float(loss.detach()) * weights[i]
                         y = loss * weights[i]
                 stats.busy_s += time.perf_counter() - t0
+                self.tracer.add("forward", "pipeline", t0_ns, time.perf_counter_ns(), stage=s, microbatch=i)
                 if s < self.last:
                     self.p2p.isend(y, self.schedule.rank_of(s + 1), self._tag(s + 1, i, ACT))
                 nbytes = saved.total()
@@ -153,10 +157,11 @@ class PipelineRuntime:
             else:
                 x, y, nbytes = stash.pop((s, i))
                 grad = None if s == self.last else self._recv(s + 1, s, i, GRAD, stats)
-                t0 = time.perf_counter()
+                t0, t0_ns = time.perf_counter(), time.perf_counter_ns()
                 if y.requires_grad:
                     torch.autograd.backward(y, grad_tensors=grad)
                 stats.busy_s += time.perf_counter() - t0
+                self.tracer.add("backward", "pipeline", t0_ns, time.perf_counter_ns(), stage=s, microbatch=i)
                 if s > 0:
                     g = x.grad if x.grad is not None else torch.zeros_like(x)
                     self.p2p.isend(g, self.schedule.rank_of(s - 1), self._tag(s - 1, i, GRAD))

@@ -85,6 +85,8 @@ class TrainConfig:
                                 "else 300)", "training", metavar="S", flag="--timeout")
     # --- output
     metrics: str | None = opt(None, "write JSONL metrics here: one line per step and a summary", "output", metavar="FILE")
+    trace: str | None = opt(None, "write a Chrome-trace timeline of every rank here (chrome://tracing, "
+                            "ui.perfetto.dev; python -m psrt.trace FILE --png OUT draws it)", "output", metavar="FILE")
     save: str | None = opt(None, "save the final parameters (a state_dict) here", "output", metavar="FILE")
     checkpoint: str | None = opt(None, "checkpoint file (written atomically)", "output", metavar="FILE")
     checkpoint_every: int = opt(0, "write --checkpoint every K steps (0: only at the end)", "output", metavar="K")
@@ -184,7 +186,7 @@ def check_name(field_name: str, value: str, builtin: tuple[str, ...]) -> None:
 
 def check_paths(cfg: TrainConfig) -> None:
     """Fail before training, not after it, when an output cannot be written."""
-    for name in ("metrics", "save", "checkpoint"):
+    for name in ("metrics", "trace", "save", "checkpoint"):
         path = getattr(cfg, name)
         if path:
             directory = os.path.dirname(os.path.abspath(path))

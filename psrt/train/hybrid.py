@@ -116,10 +116,11 @@ class HybridTrainer:
         device: where the stages and activations live.
         make_optimizer: params -> optimizer (default: cfg.optimizer from torch.optim), as
             in the DataParallel contract (psrt/dp/base.py).
+        tracer: a psrt.trace.Tracer for the pipeline's spans (default: none).
     """
 
     def __init__(self, grid: Grid, cfg: HybridConfig, dense: nn.Module | None = None, device="cpu",
-                 make_optimizer=None):
+                 make_optimizer=None, tracer=None):
         cfg.check(grid)
         self.grid, self.cfg = grid, cfg
         # The TP group counts its traffic for the step's bytes_sent.
@@ -134,7 +135,7 @@ class HybridTrainer:
         for st in stages.values():
             st.to(device)
         self.runtime = PipelineRuntime(stages, self.schedule, grid.pp_comm,
-                                       loss_fn(self.tp, cfg.vocab), device, cfg.timeout_s)
+                                       loss_fn(self.tp, cfg.vocab), device, cfg.timeout_s, tracer)
         self.params = list(self.runtime.parameters())
         make_optimizer = make_optimizer or optimizer_factory(cfg.optimizer, cfg.lr, cfg.momentum)
         self.optimizer = make_optimizer(self.params)

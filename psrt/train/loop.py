@@ -27,6 +27,7 @@ from psrt.train.config import STRATEGY_FLAGS, TrainConfig, flag
 from psrt.train.data import ShardedSampler
 from psrt.train.hybrid import HybridConfig, HybridTrainer
 from psrt.train.models import build_model, loss_and_correct
+from psrt.trace import OFF, Tracer
 from psrt.watchdog import Watchdog
 
 
@@ -83,11 +84,12 @@ def evaluate(model, dataset, batch: int = 512, loss=None) -> tuple[float | None,
     return loss_sum / count, None if correct is None else correct / count
 
 
-def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | None = None) -> dict | None:
+def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | None = None,
+              tracer: Tracer = OFF) -> dict | None:
     """Train with strategy `dp`; returns the summary row on the lead worker, else None."""
     if cfg.pp * cfg.tp != 1:   # model parallelism
-        return train_hybrid(cfg, dp, world, ctl, dataset)
-    group = psrt.Communicator(world.comm, algorithm="auto")
+        return train_hybrid(cfg, dp, world, ctl, dataset, tracer)
+    group = psrt.Communicator(world.comm, algorithm="auto", tracer=tracer)
     if dog is not None:
         dog.watch(group)
     torch.manual_seed(cfg.seed)
@@ -188,13 +190,16 @@ def train_all(cfg: TrainConfig, world, watchdog: bool = True) -> list[dict] | No
     dataset = imported.load_data(cfg.data, cfg.seq_len)
     # A stuck collective or a silent rank ends the job with a report instead of a hang.
     dog = Watchdog(world, timeout_s=cfg.timeout_s).start() if watchdog else None
+    tracer = Tracer() if cfg.trace else OFF
     mine = {}
     for dp in cfg.dp_list:
-        row = train_one(cfg, dp, world, ctl, dataset, dog)
+        row = train_one(cfg, dp, world, ctl, dataset, dog, tracer)
         if row is not None:
             mine[dp] = row
     # Each strategy's lead worker holds its row (a server may be rank 0): collect them.
     found = ctl.gather(mine, root=0)
+    if cfg.trace:
+        tracer.write(ctl, cfg.trace, world.hostname)      # rank 0 writes the whole job's timeline
     # Comparing strategies: the alpha-beta model of this run's link, beside the measurement.
     link = prediction.measure(world, ctl) if len(cfg.dp_list) > 1 and cfg.pp * cfg.tp == 1 else None
     if dog is not None:
@@ -235,7 +240,7 @@ def check_hybrid(cfg: TrainConfig, dp: str) -> None:
                         f"with one of {', '.join(HYBRID_DP)}", everywhere=True)
 
 
-def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset) -> dict | None:
+def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer = OFF) -> dict | None:
     """Train with a DP x PP x TP grid; returns the summary row on grid rank 0, else None."""
     check_hybrid(cfg, dp)
     grid = Grid.build(world.comm, pp=cfg.pp, tp=cfg.tp)
@@ -243,7 +248,7 @@ def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset) -> dict | None:
     model = build_model("transformer", dataset, cfg.width, cfg.layers)
     hcfg = HybridConfig.for_model(model, schedule="1f1b", microbatches=cfg.accum,
                                   dp_algorithm=cfg.algorithm or HYBRID_DP[dp])
-    trainer = HybridTrainer(grid, hcfg, dense=model, make_optimizer=make_optimizer(cfg))
+    trainer = HybridTrainer(grid, hcfg, dense=model, make_optimizer=make_optimizer(cfg), tracer=tracer)
     sampler = ShardedSampler(len(dataset), cfg.batch_size, grid.dp, grid.dp_rank, cfg.accum, cfg.seed)
     total = cfg.steps or cfg.epochs * sampler.steps_per_epoch
     lead = world.rank == 0

@@ -19,12 +19,15 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_training_benchmark_rows(run_ranks, tmp_path):
     """Every strategy (and torch's own DDP) takes timed steps in one job; the ratio to torch
     DDP is computed from the same run."""
-    out = tmp_path / "train.json"
+    out, trace = tmp_path / "train.json", tmp_path / "trace.json"
     dps = "ps,ps-sharded,ring,native,torch,torch-ddp"
     run_ranks(2, "-m", "psrt.bench", "training", "--dp", dps, "--width", "64", "--steps", "1",
-              "--rounds", "1", "--quiet", "--json", str(out), timeout=300).check()
+              "--rounds", "1", "--quiet", "--json", str(out), "--trace", str(trace), timeout=300).check()
     rows = json.loads(out.read_text())["rows"]
-    assert [r["dp"] for r in rows] == dps.split(",")
+    # --trace: the ring again, recording a timeline, right after the ring (its overhead row)
+    assert [r["dp"] for r in rows] == ["ps", "ps-sharded", "ring", "ring+trace", "native", "torch", "torch-ddp"]
+    traced = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
+    assert {e["pid"] for e in traced} == {0, 1} and {"forward", "backward", "allreduce"} <= {e["name"] for e in traced}
     peer = rows[-1]["step_s"]
     for r in rows:
         assert r["ranks"] == 2 and r["workers"] == 2 and r["global_batch"] == 64

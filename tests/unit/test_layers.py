@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Lowest first.  A module belongs to the first prefix that matches it.
 LAYERS = [
-    ("base", ["psrt.errors", "psrt.env", "psrt.faults"]),
+    ("base", ["psrt.errors", "psrt.env", "psrt.faults", "psrt.trace"]),
     ("world", ["psrt.world"]),
     ("transport", ["psrt.transport"]),
     ("collectives", ["psrt.collectives", "psrt.watchdog"]),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import tempfile
 from pathlib import Path
@@ -82,6 +83,7 @@ def command(args) -> int:
     if world.rank != 0:
         return 0
     phases = read_timeline(timeline)
+    shutil.rmtree(folder, ignore_errors=True)
     at = {(p.algorithm, p.nbytes): p for p in points}
     rows = []
     for s in sizes:

@@ -8,5 +8,6 @@ ALGORITHMS = {
     "allgather": ("ring", "ps", "native", "torch"),
     "broadcast": ("tree", "ps", "native", "torch"),
     "reduce": ("tree", "ps", "native", "torch"),
+    "alltoallv": ("pairwise", "native"),
 }
 ALL_ALGORITHMS = ("auto",) + tuple(dict.fromkeys(a for algos in ALGORITHMS.values() for a in algos))

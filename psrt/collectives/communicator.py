@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from psrt import env
-from psrt.collectives import native, ps, recursive, ring, small, torch_backend, tree
+from psrt.collectives import alltoall, native, ps, recursive, ring, small, torch_backend, tree
 from psrt.collectives.executor import Executor, Handle
 from psrt.collectives.algorithms import ALGORITHMS, ALL_ALGORITHMS
 from psrt.collectives.layout import even_counts, offsets, require_mpi_comm
@@ -53,8 +53,9 @@ _MPI_TYPED = frozenset({torch.float32, torch.float64, torch.int32, torch.int64, 
 _SCRATCH_BYTES = 64 << 20     # scratch of the NumPy path kept between calls, at most
 _FAST_ENTRIES = 16
 
+_ALLTOALLV = {"pairwise": alltoall.pairwise, "native": native.alltoallv}
 _IMPLEMENTATIONS = {"allreduce": _ALLREDUCE, "reduce_scatter": _REDUCE_SCATTER, "allgather": _ALLGATHER,
-                    "broadcast": _BROADCAST, "reduce": _REDUCE}
+                    "broadcast": _BROADCAST, "reduce": _REDUCE, "alltoallv": _ALLTOALLV}
 
 
 class Communicator:
@@ -486,37 +487,49 @@ class Communicator:
             return Staging.from_mpi(recv, result)
         return self._run('alltoall', run, async_op)
 
-    def alltoallv(self, t: torch.Tensor, send_counts, recv_counts, out: torch.Tensor | None = None,
-                  async_op: bool = False):
+    def alltoallv(self, t: torch.Tensor, send_counts, recv_counts=None, out: torch.Tensor | None = None,
+                  algorithm: str | None = None, async_op: bool = False):
         """Rank r sends rows send_counts[j] of t (dim 0, in order) to rank j and receives
-        recv_counts[j] rows from it, concatenated in rank order.  The counts of every pair of
-        ranks must agree (checked: a disagreement names the ranks instead of hanging)."""
+        recv_counts[j] rows from it, concatenated in rank order.
+
+        recv_counts=None: the counts are exchanged first (an all-to-all of N integers), as a
+        mixture-of-experts dispatch needs when every step routes differently.  Given, every
+        pair of ranks is checked to agree (a disagreement names the ranks instead of hanging).
+        algorithm: 'pairwise' (psrt's, collectives/alltoall.py) or 'native' (MPI_Alltoallv);
+        default: the communicator's, where it is one of these, else native.
+        """
         check_dtype(t)
         rows = t.shape[0] if t.dim() else 1
-        send_counts, recv_counts = list(send_counts), list(recv_counts)
+        send_counts = [int(c) for c in send_counts]
         if len(send_counts) != self.size or sum(send_counts) != rows or min(send_counts) < 0:
             raise PsrtError(f"alltoallv: send counts {send_counts} must be {self.size} non-negative "
                             f"numbers adding up to dim 0 of the input ({rows})")
-        if len(recv_counts) != self.size or min(recv_counts) < 0:
-            raise PsrtError(f"alltoallv: receive counts {recv_counts} must be {self.size} "
-                            "non-negative numbers")
+        table = ALGORITHMS["alltoallv"]
+        if algorithm is not None and algorithm not in table:
+            raise PsrtError(f"algorithm {algorithm!r} does not implement alltoallv; choose one of {', '.join(table)}")
+        algo = algorithm or (self.algorithm if self.algorithm in table else "native")
         tail = tuple(t.shape[1:])
+        self._verify("alltoallv", dtype=t.dtype, row=tail, algorithm=algo)
+        if recv_counts is None:
+            recv_counts = self._meta.alltoall(send_counts)
+        else:
+            recv_counts = [int(c) for c in recv_counts]
+            if len(recv_counts) != self.size or min(recv_counts) < 0:
+                raise PsrtError(f"alltoallv: receive counts {recv_counts} must be {self.size} "
+                                "non-negative numbers")
+            self._check_pairs(send_counts, recv_counts)
         shape = (sum(recv_counts),) + tail
         self._check_out(out, shape, t.dtype, "alltoallv")
-        self._verify("alltoallv", dtype=t.dtype, row=tail)
-        if self.check == "all" or "alltoallv:counts" not in self._checked:
-            self._checked.add("alltoallv:counts")
-            self._check_pairs(send_counts, recv_counts)
         row = math.prod(tail)
+        fn = _ALLTOALLV[algo]
 
         def run():
             send = self._work(t)
             recv = torch.empty(sum(recv_counts) * row, dtype=t.dtype, device=send.device)
-            native.alltoallv(self.comm, send, [c * row for c in send_counts], recv,
-                             [c * row for c in recv_counts])
+            fn(self.comm, send, [c * row for c in send_counts], recv, [c * row for c in recv_counts])
             result = out if out is not None else torch.empty(shape, dtype=t.dtype, device=t.device)
             return Staging.from_mpi(recv, result)
-        return self._run('alltoallv', run, async_op)
+        return self._run('alltoallv', run, async_op, algo, sum(send_counts) * row * t.element_size())
 
     def _check_pairs(self, send_counts: list[int], recv_counts: list[int]) -> None:
         """What rank i sends to j must be what j expects from i."""

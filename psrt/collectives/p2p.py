@@ -15,7 +15,7 @@ from psrt.errors import PsrtError
 from psrt.transport import msg
 
 # One tag per algorithm keeps a mistaken mix of two algorithms from matching silently.
-TAG_RING, TAG_RD, TAG_RHD, TAG_TREE, TAG_PS = 101, 102, 103, 104, 105
+TAG_RING, TAG_RD, TAG_RHD, TAG_TREE, TAG_PS, TAG_A2A = 101, 102, 103, 104, 105, 106
 
 
 def sendrecv(comm, send: torch.Tensor, dest: int, recv: torch.Tensor, source: int, tag: int) -> None:

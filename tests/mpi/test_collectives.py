@@ -33,3 +33,16 @@ def test_small_message_path_is_bitwise_the_torch_path(run_ranks, np_):
     for rec in records:
         assert rec["failures"] == [], rec
         assert rec["checked"] == 5 * (4 * 3 * 2 + 1) * 4   # algorithms x cases x variants
+
+
+@pytest.mark.parametrize("np_", [1, 2, 3, 4, 5, 6, 7, 8])
+def test_alltoallv_every_algorithm(run_ranks, np_):
+    """Variable-size all-to-all, psrt's pairwise exchange and the MPI library's, on 1-8 ranks
+    (tests/mpi/ranks/alltoallv.py); disagreeing counts are one error naming the ranks."""
+    records = run_ranks(np_, "alltoallv.py", timeout=240).check().records()
+    assert len(records) == np_
+    for rec in records:
+        assert rec["failures"] == [], rec
+        if np_ > 1:
+            assert rec["mismatch"].startswith(f"alltoallv: counts disagree between ranks (rank {np_ - 1} sends 1 "
+                                              "rows to rank 0, which expects 2"), rec

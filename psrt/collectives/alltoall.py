@@ -1,0 +1,29 @@
+"""psrt's own variable-size all-to-all: pairwise exchange over point-to-point.
+
+At step k = 1..N-1 rank r sends its block for rank (r+k) mod N and receives the block of
+rank (r-k) mod N, in one Sendrecv; its own block is a local copy.  Every rank talks to one
+partner at a time, so each link carries one transfer per step, and a step costs
+alpha + beta x (that pair's bytes) (Thakur, Rabenseifner & Gropp, "Optimization of
+Collective Communication Operations in MPICH", IJHPCA 19(1), 2005, sec. 3.5).  Blocks of
+any size, zero included, come straight from and go straight into the caller's buffers.
+"""
+from __future__ import annotations
+
+import torch
+
+from psrt.collectives.layout import offsets
+from psrt.collectives.p2p import TAG_A2A
+from psrt.transport import msg
+
+
+def pairwise(comm, send: torch.Tensor, send_counts: list[int], recv: torch.Tensor,
+             recv_counts: list[int]) -> None:
+    """Rank r sends send_counts[j] elements of the flat `send` to rank j and receives
+    recv_counts[j] into the flat `recv`, blocks in rank order."""
+    n, r = comm.size, comm.rank
+    so, ro = offsets(send_counts), offsets(recv_counts)
+    recv[ro[r]:ro[r + 1]].copy_(send[so[r]:so[r + 1]])
+    for k in range(1, n):
+        dst, src = (r + k) % n, (r - k) % n
+        comm.Sendrecv(msg(send[so[dst]:so[dst + 1]]), dst, TAG_A2A,
+                      msg(recv[ro[src]:ro[src + 1]]), src, TAG_A2A)

@@ -61,8 +61,9 @@ def command(args) -> int:
 
 
 def _tunable() -> list[str]:
-    from psrt.collectives import ALL_ALGORITHMS
-    return [a for a in ALL_ALGORITHMS if a not in ("auto", "torch")]
+    from psrt.collectives import ALGORITHMS
+    tuned = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")   # the table behind 'auto'
+    return list(dict.fromkeys(a for c in tuned for a in ALGORITHMS[c] if a != "torch"))
 
 
 def crossovers(rows: list[dict], tie: float = 0.15) -> list[tuple[int, str]]:

@@ -15,7 +15,7 @@ import re
 import typing
 from dataclasses import dataclass, field
 
-from psrt.collectives.algorithms import ALL_ALGORITHMS
+from psrt.collectives.algorithms import ALGORITHMS
 from psrt.dp import COMPRESSIONS, DEFAULT_LR, OPTIMIZERS, STRATEGIES
 from psrt.errors import ArgumentParser, PsrtError
 
@@ -43,7 +43,8 @@ class TrainConfig:
     dp: str = opt("ring", "data-parallel strategy, or a comma list (e.g. ps,ring) trained in turn "
                   "and compared side by side; one of " + ", ".join(STRATEGIES), "strategy", metavar="NAME[,NAME]")
     algorithm: str | None = opt(None, "collective algorithm of the gradient reducer (default: the "
-                                "strategy's own, e.g. ring for --dp ring)", "strategy", ALL_ALGORITHMS)
+                                "strategy's own, e.g. ring for --dp ring)", "strategy",
+                                ("auto",) + ALGORITHMS["allreduce"])
     bucket_mb: float = opt(25.0, "gradient bucket size in MiB (ring, native, torch); 25 as in PyTorch DDP",
                            "strategy", metavar="MB")
     overlap: bool = opt(True, "all-reduce each bucket during backward, as soon as it is ready "

@@ -47,6 +47,14 @@ def check_degrees(dp: int, pp: int, tp: int, world_size: int) -> None:
                         f"ranks ({why}; it must equal the number of ranks)", everywhere=True)
 
 
+def check_ep(ep: int, dp: int) -> None:
+    """PsrtError unless the expert-parallel degree divides the data-parallel one: EP is carved
+    out of DP (DeepSpeed-MoE, Rajbhandari et al., ICML 2022)."""
+    if not isinstance(ep, int) or ep < 1 or dp % ep:
+        raise PsrtError(f"--ep {ep} must divide the data-parallel degree {dp}: expert parallelism "
+                        "is carved out of data parallelism", everywhere=True)
+
+
 def infer_dp(size: int, pp: int, tp: int) -> int:
     """The data-parallel degree that fills `size` ranks with pp x tp; a one-line PsrtError
     when it is not a whole number (pure: psrt.train checks it before starting anything)."""
@@ -73,6 +81,11 @@ class Grid:
             the coordinate).  dp_group, pp_group, tp_group: psrt Communicators over them.
         pp_prev, pp_next: pp_comm ranks of the previous and next pipeline rank, or
             MPI.PROC_NULL at the ends (a send to PROC_NULL is a no-op, MPI 4.1 sec. 3.11).
+        ep: expert-parallel degree, dividing dp.  Each block of ep consecutive dp ranks
+            shares one set of experts through all-to-all (ep_comm / ep_group, rank ep_rank);
+            ranks with the same ep_rank in different blocks hold replicas of the same
+            experts and reduce their gradients together (edp_comm / edp_group, the
+            expert-data-parallel group).  Dense parameters reduce over all of dp.
     """
 
     dp: int
@@ -80,6 +93,7 @@ class Grid:
     tp: int
     comm: object = field(repr=False)
     algorithm: str = "auto"
+    ep: int = 1
     rank: int = field(init=False)
     size: int = field(init=False)
     dp_rank: int = field(init=False)
@@ -94,6 +108,11 @@ class Grid:
     tp_group: object = field(init=False, repr=False)
     pp_prev: int = field(init=False, repr=False)
     pp_next: int = field(init=False, repr=False)
+    ep_rank: int = field(init=False)
+    ep_comm: object = field(init=False, repr=False)
+    edp_comm: object = field(init=False, repr=False)
+    ep_group: object = field(init=False, repr=False)
+    edp_group: object = field(init=False, repr=False)
 
     def __post_init__(self):
         from mpi4py import MPI
@@ -116,14 +135,20 @@ class Grid:
         self.dp_group = Communicator(self.dp_comm, algorithm=self.algorithm)
         self.pp_group = Communicator(self.pp_comm, algorithm=self.algorithm)
         self.tp_group = Communicator(self.tp_comm, algorithm=self.algorithm)
+        check_ep(self.ep, self.dp)
+        self.ep_rank = self.dp_rank % self.ep
+        self.ep_comm = self.dp_comm.Split(self.dp_rank // self.ep, key=self.dp_rank)
+        self.edp_comm = self.dp_comm.Split(self.ep_rank, key=self.dp_rank)
+        self.ep_group = Communicator(self.ep_comm, algorithm=self.algorithm)
+        self.edp_group = Communicator(self.edp_comm, algorithm=self.algorithm)
 
     @classmethod
     def build(cls, comm, pp: int = 1, tp: int = 1, dp: int | None = None,
-              algorithm: str = "auto") -> "Grid":
+              algorithm: str = "auto", ep: int = 1) -> "Grid":
         """A grid over `comm` with dp inferred (world size / (pp * tp)) when not given."""
         from psrt.collectives.layout import require_mpi_comm
         size = require_mpi_comm(comm, "Grid.build").Get_size()
-        return cls(infer_dp(size, pp, tp) if dp is None else dp, pp, tp, comm, algorithm)
+        return cls(infer_dp(size, pp, tp) if dp is None else dp, pp, tp, comm, algorithm, ep)
 
     @property
     def is_first_stage(self) -> bool:
@@ -139,12 +164,14 @@ class Grid:
         return self.dp_rank, self.pp_rank, self.tp_rank
 
     def describe(self) -> str:
-        return (f"grid dp={self.dp} x pp={self.pp} x tp={self.tp}: rank {self.rank} at "
-                f"dp {self.dp_rank}, pp {self.pp_rank}, tp {self.tp_rank}")
+        return (f"grid dp={self.dp} x pp={self.pp} x tp={self.tp}"
+                + (f" (ep={self.ep} within dp)" if self.ep > 1 else "")
+                + f": rank {self.rank} at dp {self.dp_rank}, pp {self.pp_rank}, tp {self.tp_rank}"
+                + (f", ep {self.ep_rank}" if self.ep > 1 else ""))
 
     def free(self) -> None:
         """Stop the Communicators' threads and free the sub-communicators."""
-        for g in (self.dp_group, self.pp_group, self.tp_group):
+        for g in (self.dp_group, self.pp_group, self.tp_group, self.ep_group, self.edp_group):
             g.close()
-        for c in (self.dp_comm, self.pp_comm, self.tp_comm, self.cart_comm):
+        for c in (self.ep_comm, self.edp_comm, self.dp_comm, self.pp_comm, self.tp_comm, self.cart_comm):
             c.Free()

@@ -37,6 +37,9 @@ def main(argv=None) -> int:
         print(report.summary_table(rows))
         if "link" in rows[0]:
             print("\n" + prediction.describe(rows))
+        for row in rows:
+            if row.get("moe"):
+                print("\n" + report.moe_block(row))
         if not cfg.quiet:
             print(report.LEGEND)
         sys.stdout.flush()

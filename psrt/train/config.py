@@ -23,7 +23,10 @@ DEFAULT_BATCH = 64
 
 # The models and data sets psrt.train offers (models.py and data.py build them by these names).
 # --model and --data also take the user's own as an import path, `module:callable` (custom.py).
-MODELS = ("mlp", "cnn", "transformer")
+MODELS = ("mlp", "cnn", "transformer", "moe")
+# --dp with --model moe: the all-reduce algorithm of the dense gradients
+MOE_DP = {"ring": "ring", "ps": "ps", "native": "native"}
+MOE_DISPATCH = ("variable", "padded")
 DATASETS = ("digits", "text", "synthetic")
 IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
@@ -59,6 +62,8 @@ class TrainConfig:
                   "--accum micro-batches); needs --model transformer", "strategy", metavar="N")
     tp: int = opt(1, "tensor-parallel degree: each stage's layers split over N ranks (Megatron-style)",
                   "strategy", metavar="N")
+    ep: int = opt(1, "expert-parallel degree (--model moe): the experts spread over N ranks, carved out of "
+                  "the data-parallel ranks", "strategy", metavar="N")
     # --- model and data
     model: str = opt("mlp", "model to train: " + ", ".join(MODELS) + ", or your own as module:callable "
                      "returning an nn.Module (see docs/training.md)", "model", metavar="NAME")
@@ -68,6 +73,14 @@ class TrainConfig:
                      "0: the model's default (128, 128, 64)", "model", metavar="N")
     layers: int = opt(0, "hidden layers (mlp) or blocks (transformer); 0: default (1, 2)", "model", metavar="N")
     seq_len: int = opt(64, "characters per training window (--data text)", "model", metavar="N")
+    experts: int = opt(0, "experts per MoE layer (--model moe; 0: 4)", "model", metavar="E")
+    top_k: int = opt(1, "experts per token (--model moe): 1 (Switch) or 2 (GShard)", "model", metavar="K")
+    capacity_factor: float = opt(1.25, "expert capacity = factor x tokens x top-k / experts, per rank; "
+                                 "tokens over it are dropped and counted (--model moe)", "model", metavar="C")
+    aux_weight: float = opt(0.01, "weight alpha of the load-balancing loss alpha E sum f_i P_i (--model moe)",
+                            "model", metavar="A")
+    moe_dispatch: str = opt("variable", "all-to-all shape of --model moe: variable (counts first, then "
+                            "the rows) or padded (every expert's full capacity)", "model", MOE_DISPATCH)
     # --- optimisation
     steps: int = opt(0, "optimizer steps to run (overrides --epochs when > 0)", "training", metavar="N")
     epochs: int = opt(3, "passes over the training set (used when --steps is 0)", "training", metavar="N")
@@ -131,16 +144,17 @@ class TrainConfig:
                 raise PsrtError(f"{flag(name)} {getattr(self, name)}: must be finite", everywhere=True)
         check_name("model", self.model, MODELS)
         if self.data is None:
-            self.data = "text" if self.model == "transformer" else "digits"
+            self.data = "text" if self.model in ("transformer", "moe") else "digits"
         check_name("data", self.data, DATASETS)
         own = is_import_path(self.model) or is_import_path(self.data)   # checked when built
         for name in ("width", "layers"):
             if is_import_path(self.model) and getattr(self, name):
                 raise PsrtError(f"{flag(name)} shapes psrt's own models; --model {self.model} builds "
                                 "its own", everywhere=True)
-        if not own and (self.model == "transformer") != (self.data == "text"):
-            raise PsrtError(f"--model {self.model} cannot train on --data {self.data}: the transformer "
-                            "needs --data text, and text needs --model transformer", everywhere=True)
+        if not own and (self.model in ("transformer", "moe")) != (self.data == "text"):
+            raise PsrtError(f"--model {self.model} cannot train on --data {self.data}: the transformers "
+                            "(transformer, moe) need --data text, and text needs one of them", everywhere=True)
+        self.check_moe(own)
         if self.pp * self.tp != 1 and self.model != "transformer":
             raise PsrtError(f"--pp {self.pp} --tp {self.tp}: model parallelism splits the transformer; "
                             f"use --model transformer (got --model {self.model})", everywhere=True)
@@ -151,6 +165,34 @@ class TrainConfig:
                             everywhere=True)
         if self.checkpoint_every and not self.checkpoint:
             raise PsrtError("--checkpoint-every needs --checkpoint FILE", everywhere=True)
+
+    def check_moe(self, own: bool) -> None:
+        """--model moe and its flags: each a one-line error, before anything starts."""
+        moe_flags = [n for n in ("experts", "top_k", "capacity_factor", "aux_weight", "moe_dispatch", "ep")
+                     if self.given(n)]
+        if self.model != "moe":
+            if moe_flags:
+                raise PsrtError(f"{', '.join(flag(n) for n in moe_flags)}: for --model moe only", everywhere=True)
+            return
+        self.experts = self.experts or 4
+        if self.top_k < 1 or self.top_k > self.experts:
+            raise PsrtError(f"--top-k {self.top_k}: must be between 1 and --experts {self.experts}", everywhere=True)
+        if not (self.capacity_factor > 0 and math.isfinite(self.capacity_factor)):
+            raise PsrtError(f"--capacity-factor {self.capacity_factor}: must be a positive number", everywhere=True)
+        if not (self.aux_weight >= 0 and math.isfinite(self.aux_weight)):
+            raise PsrtError(f"--aux-weight {self.aux_weight}: must be a non-negative number", everywhere=True)
+        if self.ep < 1 or self.experts % self.ep:
+            raise PsrtError(f"--experts {self.experts} does not split over --ep {self.ep}: every rank of an "
+                            "expert-parallel group holds experts/ep experts", everywhere=True)
+        if self.pp * self.tp != 1:
+            raise PsrtError("--model moe trains with data and expert parallelism; --pp/--tp do not "
+                            "apply to it", everywhere=True)
+        bad = [d for d in self.dp_list if d not in MOE_DP]
+        if bad:
+            raise PsrtError(f"--dp {','.join(bad)} with --model moe: the dense gradients reduce with one "
+                            f"of {', '.join(MOE_DP)}", everywhere=True)
+        if self.resume or self.checkpoint:
+            raise PsrtError("--checkpoint/--resume are not available with --model moe", everywhere=True)
 
     def path_for(self, path: str | None, dp: str) -> str | None:
         """`path` for strategy `dp`: with several strategies, FILE.ext becomes FILE.<dp>.ext."""
@@ -205,7 +247,14 @@ def plan_batch(cfg: TrainConfig, world_size: int) -> str | None:
     to tell the user, or None."""
     from psrt.dp.roles import num_workers
     from psrt.grid import infer_dp
-    if cfg.pp * cfg.tp != 1:
+    if cfg.model == "moe":
+        from psrt.grid import check_ep
+        try:
+            check_ep(cfg.ep, world_size)
+        except PsrtError as err:
+            raise PsrtError(f"{err} (here {world_size} ranks)", everywhere=True) from None
+        workers = {d: world_size for d in cfg.dp_list}
+    elif cfg.pp * cfg.tp != 1:
         try:
             dp = infer_dp(world_size, cfg.pp, cfg.tp)
         except PsrtError as err:

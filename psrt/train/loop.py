@@ -89,6 +89,8 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
     """Train with strategy `dp`; returns the summary row on the lead worker, else None."""
     if cfg.pp * cfg.tp != 1:   # model parallelism
         return train_hybrid(cfg, dp, world, ctl, dataset, tracer)
+    if cfg.model == "moe":     # expert parallelism
+        return train_moe(cfg, dp, world, ctl, dataset)
     group = psrt.Communicator(world.comm, algorithm="auto", tracer=tracer)
     if dog is not None:
         dog.watch(group)
@@ -285,4 +287,73 @@ def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer 
         checkpoint.atomic_save(model.state_dict(), cfg.path_for(cfg.save, dp))
     row = summarize(f"{dp} pp{grid.pp} tp{grid.tp}", everyone, mine, cfg.batch_size)
     metrics.close()
+    return row
+
+
+# ------------------------------------------------------------------ --model moe
+# The transformer with mixture-of-experts MLPs, experts spread over --ep ranks of each block
+# of the data-parallel ranks (psrt.grid, psrt.ep).  Dense gradients reduce over all ranks with
+# the algorithm of --dp, expert gradients over the ranks holding the same experts.
+
+def moe_options(cfg: TrainConfig) -> dict:
+    return {"experts": cfg.experts, "top_k": cfg.top_k, "capacity_factor": cfg.capacity_factor,
+            "aux_alpha": cfg.aux_weight, "dispatch": cfg.moe_dispatch}
+
+
+def train_moe(cfg: TrainConfig, dp: str, world, ctl, dataset) -> dict | None:
+    """Train --model moe; returns the summary row (with the routing) on rank 0, else None."""
+    from psrt.ep.layer import moe_layers
+    from psrt.train.moe import MoETrainer
+    from psrt.train.config import MOE_DP
+    grid = Grid.build(world.comm, ep=cfg.ep)
+    torch.manual_seed(cfg.seed)
+    model = build_model("moe", dataset, cfg.width, cfg.layers, **moe_options(cfg))
+    for layer in moe_layers(model):
+        layer.shard(grid.ep_group, grid.dp_group, algorithm="pairwise")
+    trainer = MoETrainer(model, make_optimizer(cfg), grid, algorithm=MOE_DP[dp])
+    sampler = ShardedSampler(len(dataset), cfg.batch_size, grid.dp, grid.dp_rank, cfg.accum, cfg.seed)
+    total = cfg.steps or cfg.epochs * sampler.steps_per_epoch
+    lead = world.rank == 0
+    progress = report.Progress(total, f"{dp} moe ep{cfg.ep}", enabled=lead and not cfg.quiet)
+    metrics = report.Metrics(cfg.path_for(cfg.metrics, dp) if lead else None)
+    x_all, y_all = dataset.train_x, dataset.train_y
+    compute = comm = a2a = 0.0
+    sent, loss = 0, float("nan")
+    routed = dropped = None
+    ctl.Barrier()
+    t0 = time.perf_counter()
+    for step in range(total):
+        mbs = [(x_all[i], y_all[i]) for i in sampler.microbatches(step)]
+        stats = trainer.step(lambda mb: loss_and_correct(model, mb, dataset.task)[0], mbs)
+        compute, comm, sent, loss = compute + stats.compute_s, comm + stats.comm_s, sent + stats.bytes_sent, stats.loss
+        a2a += stats.extra["a2a_bytes"]
+        step_routed, step_dropped = stats.extra["routed"], stats.extra["dropped"]
+        routed = step_routed if routed is None else routed + step_routed
+        dropped = step_dropped if dropped is None else dropped + step_dropped
+        if lead:
+            metrics.write({"dp": dp, "ep": cfg.ep, "step": step + 1, "loss": report.finite(stats.loss),
+                           "aux_loss": stats.extra["aux_loss"], "routed": step_routed.tolist(),
+                           "dropped": int(step_dropped.sum()), "a2a_bytes": stats.extra["a2a_bytes"],
+                           "compute_s": stats.compute_s, "comm_s": stats.comm_s, "time_s": time.perf_counter() - t0})
+            progress.update(step + 1, f"loss {stats.loss:.4f} dropped {int(step_dropped.sum())}")
+    wall = time.perf_counter() - t0
+    test_loss, test_acc = evaluate(model, dataset)    # every rank: the experts answer all of them
+    mine = {"worker": True, "compute_s": compute, "comm_s": comm, "bytes": sent,
+            "opt": optimizer_state_bytes(trainer.optimizer), "steps": total, "loss": float(loss),
+            "test_loss": test_loss, "test_acc": test_acc, "wall": wall, "a2a": a2a}
+    everyone = ctl.gather(mine, root=0)
+    grid.free()
+    metrics.close()
+    if not lead:
+        return None
+    if cfg.save:
+        checkpoint.atomic_save(model.state_dict(), cfg.path_for(cfg.save, dp))
+    row = summarize(f"{dp} ep{cfg.ep}", everyone, mine, cfg.batch_size)
+    tokens = cfg.batch_size // grid.dp * cfg.seq_len          # per rank per step
+    width = trainer.model_width()
+    row.update(moe=True, experts=cfg.experts, ep=cfg.ep, top_k=cfg.top_k,
+               routed_per_step=(routed / total / len(moe_layers(model))).tolist(),
+               dropped_frac=float(dropped.sum() / routed.sum()) if routed.sum() else 0.0,
+               a2a_bytes_per_step=sum(r["a2a"] for r in everyone) / len(everyone) / total,
+               a2a_uniform=4 * tokens * cfg.top_k * width * 4 * (cfg.ep - 1) / cfg.ep * len(moe_layers(model)))
     return row

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from psrt.errors import PsrtError
+from psrt.ep.layer import MoELayer
 from psrt.train.config import MODELS
 
 
@@ -119,12 +120,20 @@ class TransformerLM(nn.Module):
         return self.head(h)
 
 
-def build_model(name: str, dataset, width: int = 0, layers: int = 0) -> nn.Module:
+def build_model(name: str, dataset, width: int = 0, layers: int = 0, **moe) -> nn.Module:
     """The model `name` shaped for `dataset` (a psrt.train.data.Dataset).
 
-    width: hidden units (mlp), channels x 8 (cnn) or model dimension (transformer);
-    layers: hidden layers (mlp) or blocks (transformer).  0 picks the model's default.
+    width: hidden units (mlp), channels x 8 (cnn) or model dimension (transformer, moe);
+    layers: hidden layers (mlp) or blocks (transformer, moe).  0 picks the model's default.
+    moe: for "moe", the MoELayer's keywords (experts, top_k, capacity_factor, aux_alpha,
+    dispatch): the transformer with every block's MLP a mixture of experts of the same shape.
     """
+    if name == "moe":
+        model = build_model("transformer", dataset, width, layers)
+        for block in model.blocks:
+            dim = block.ln2.normalized_shape[0]
+            block.mlp = MoELayer(dim, 4 * dim, **moe)
+        return model
     if name == "mlp":
         if dataset.task != "classify":
             raise PsrtError(f"--model mlp classifies; --data {dataset.name} is a language-model "

@@ -125,3 +125,16 @@ LEGEND = """\
 compute s, comm s: per worker, mean; comm s is time blocked in communication (not hidden by overlap)
 sent/rank: bytes a worker put on the wire, mean over workers; max sent: the busiest rank (a server)
 opt state/rank: bytes of optimizer-state tensors on the rank holding the most"""
+
+
+def moe_block(row: dict) -> str:
+    """What the experts did in a --model moe run: tokens routed to each expert per step (the
+    load balance), the share dropped over capacity, and the all-to-all bytes per rank beside
+    their value under uniform routing (4 all-to-alls per layer, T k h d (EP-1)/EP each)."""
+    routed = row["routed_per_step"]
+    mean = sum(routed) / len(routed)
+    cells = "  ".join(f"e{i} {v:.0f}" for i, v in enumerate(routed))
+    return (f"{row['dp']}: {row['experts']} experts, top-{row['top_k']}, ep {row['ep']}; tokens routed per "
+            f"expert per step and layer: {cells} (max/mean {max(routed) / mean:.2f}); dropped over capacity "
+            f"{row['dropped_frac']:.1%}; all-to-all {fmt_bytes(row['a2a_bytes_per_step'])} per rank per step "
+            f"(uniform routing: {fmt_bytes(row['a2a_uniform'])})")

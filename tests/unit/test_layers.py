@@ -15,12 +15,12 @@ LAYERS = [
     ("transport", ["psrt.transport"]),
     ("collectives", ["psrt.collectives", "psrt.watchdog"]),
     ("grid", ["psrt.grid"]),
-    ("strategies", ["psrt.dp", "psrt.pp", "psrt.tp", "psrt.c10d"]),
+    ("strategies", ["psrt.dp", "psrt.pp", "psrt.tp", "psrt.c10d", "psrt.ep"]),
     ("entry points", ["psrt.train", "psrt.launch"]),
     ("benchmarks", ["psrt.bench", "psrt.cluster", "psrt.info"]),
 ]
 # Packages of one layer that must not import each other.
-SIBLINGS = [("psrt.dp", "psrt.pp", "psrt.tp", "psrt.c10d"), ("psrt.train", "psrt.launch")]
+SIBLINGS = [("psrt.dp", "psrt.pp", "psrt.tp", "psrt.c10d", "psrt.ep"), ("psrt.train", "psrt.launch")]
 
 
 def module_name(path: Path) -> str:

@@ -21,7 +21,7 @@ def test_every_compression_has_a_dtype():
 def test_every_model_builds(name):
     from psrt.train.data import load
     from psrt.train.models import build_model
-    data = load("text" if name == "transformer" else "synthetic", 16)
+    data = load("text" if name in ("transformer", "moe") else "synthetic", 16)
     assert sum(p.numel() for p in build_model(name, data, 8, 1).parameters()) > 0
 
 

@@ -46,7 +46,7 @@ def test_comma_list_of_strategies():
     (["--lr", "-0.1"], "--lr -0.1"),
     (["--bucket-mb", "0"], "--bucket-mb 0"),
     (["--steps", "x"], "--steps: invalid int value"),
-    (["--model", "resnet"], "--model 'resnet': choose one of mlp, cnn, transformer, or name your own as module:callable"),
+    (["--model", "resnet"], "--model 'resnet': choose one of mlp, cnn, transformer, moe, or name your own as module:callable"),
     (["--data", "mnist"], "--data 'mnist': choose one of digits, text, synthetic, or name your own"),
     (["--model", "my models:build"], "--model 'my models:build': expected module:callable"),
     (["--model", "mypkg.models:"], "--model 'mypkg.models:': expected module:callable"),

@@ -1,0 +1,97 @@
+"""Rank-side: the MoE transformer with experts spread over EP ranks ends with the parameters
+of one process holding every expert and training on the whole batch.
+
+usage: mpirun -np N python moe_equivalence.py   (N = 4: EP = 1, 2 and 4 inside DP = 4)
+
+The one-process reference is computed on every rank without communication: the same seed,
+the global batch (the ranks' slices in rank order), routing with token_groups = N so that each
+rank's tokens get the same expert places and drops as in the parallel run.  Cases: top-1 and
+top-2, variable and padded dispatch, a capacity with room for every token and one that drops.
+Prints one PSRT-RESULT line per rank.
+"""
+import json
+
+import torch
+import torch.nn.functional as F
+
+import psrt
+from psrt.ep.layer import aux_loss, moe_layers
+from psrt.train.moe import MoETrainer
+from psrt.grid import Grid
+from psrt.train.data import load
+from psrt.train.models import build_model
+
+world = psrt.init()
+N, r = world.size, world.rank
+data = load("text", seq_len=16)
+B, STEPS = 4 * N, 3
+g = torch.Generator().manual_seed(5)
+batches = [torch.randint(len(data), (B,), generator=g) for _ in range(STEPS)]
+
+
+def make(opts):
+    torch.manual_seed(11)
+    return build_model("moe", data, width=32, layers=2, **opts)
+
+
+def loss_of(model, x, y):
+    logits = model(x)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def reference(opts):
+    model = make(opts)
+    for layer in moe_layers(model):
+        layer.token_groups = N
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    drops, losses = [], []
+    for idx in batches:
+        opt.zero_grad()
+        loss = loss_of(model, data.train_x[idx], data.train_y[idx])
+        (loss + aux_loss(model)).backward()
+        opt.step()
+        losses.append(float(loss))
+        drops.append(sum(float(m.stats["dropped"].sum()) for m in moe_layers(model)))
+    return model, drops, losses
+
+
+failures, checked = [], 0
+for ep in (1, 2, 4):
+    if N % ep:
+        continue
+    for opts in ({"experts": 4, "top_k": 1, "capacity_factor": 8.0},
+                 {"experts": 4, "top_k": 2, "capacity_factor": 8.0, "dispatch": "padded"},
+                 {"experts": 8, "top_k": 2, "capacity_factor": 0.5},          # drops tokens
+                 {"experts": 4, "top_k": 1, "capacity_factor": 0.5, "dispatch": "padded"}):
+        ref, ref_drops, ref_losses = reference(opts)
+        grid = Grid.build(world.comm, ep=ep)
+        model = make(opts)
+        for layer in moe_layers(model):
+            layer.shard(grid.ep_group, grid.dp_group, algorithm="pairwise" if ep == 2 else "native")
+        trainer = MoETrainer(model, lambda p: torch.optim.SGD(p, lr=0.5), grid, algorithm="ring")
+        drops, losses = [], []
+        for idx in batches:
+            mine = idx[r * (B // N):(r + 1) * (B // N)]
+            stats = trainer.step(lambda mb: loss_of(model, *mb), [(data.train_x[mine], data.train_y[mine])])
+            drops.append(float(stats.extra["dropped"].sum()))
+            losses.append(stats.loss)
+        name = f"ep={ep} {opts}"
+        local = len(moe_layers(model)[0].experts)
+        want = dict(ref.named_parameters())
+        for pname, p in model.named_parameters():
+            ref_name = pname
+            if ".experts." in pname:           # local expert i is global expert ep_rank * local + i
+                head, _, tail = pname.partition(".experts.")
+                i, _, rest = tail.partition(".")
+                ref_name = f"{head}.experts.{grid.ep_rank * local + int(i)}.{rest}"
+            checked += 1
+            if not torch.allclose(p, want[ref_name], rtol=1e-4, atol=1e-5):
+                failures.append(f"{name}: {pname} differs by {float((p - want[ref_name]).abs().max()):.2e}")
+        if drops != ref_drops:
+            failures.append(f"{name}: dropped {drops}, one process {ref_drops}")
+        if max(abs(a - b) for a, b in zip(losses, ref_losses)) > 1e-5:
+            failures.append(f"{name}: losses {losses}, one process {ref_losses}")
+        if opts["capacity_factor"] < 1 and not any(ref_drops):
+            failures.append(f"{name}: the small capacity dropped nothing")
+        grid.free()
+print("PSRT-RESULT " + json.dumps({"rank": r, "failures": failures, "checked": checked}), flush=True)

@@ -1,0 +1,51 @@
+"""Mixture-of-Experts with expert parallelism (psrt/ep): equivalence with one process holding
+every expert, the psrt.train command line, its summary and its bad inputs."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_train_cli import ranks  # noqa: E402
+
+pytestmark = pytest.mark.mpi
+
+
+def test_expert_parallel_equals_one_process(run_ranks):
+    """EP = 1, 2, 4 inside DP = 4; top-1 and top-2; variable and padded all-to-all; a capacity
+    with room for all and one that drops (tests/mpi/ranks/moe_equivalence.py)."""
+    records = run_ranks(4, "moe_equivalence.py", timeout=300).check().records()
+    assert len(records) == 4
+    for rec in records:
+        assert rec["failures"] == [] and rec["checked"] > 500, rec
+
+
+def test_train_moe_summary_and_metrics(tmp_path):
+    run = ranks(4, "--model", "moe", "--experts", "4", "--ep", "2", "--top-k", "2", "--steps", "3",
+                "--width", "32", "--quiet", "--metrics", str(tmp_path / "m.jsonl")).check()
+    assert "ring ep2: 4 experts, top-2, ep 2; tokens routed per expert per step and layer: e0 " in run.stdout
+    lines = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    steps, summary = lines[:-1], lines[-1]
+    assert len(steps) == 3 and summary["summary"]
+    # every token's two choices are routed somewhere: 2 x tokens per layer and step, both layers
+    tokens = 64 * 64                      # global batch x sequence length
+    assert all(sum(s["routed"]) == 2 * 2 * tokens for s in steps), [sum(s["routed"]) for s in steps]
+    assert 0.5 < summary["a2a_bytes_per_step"] / summary["a2a_uniform"] < 1.5, summary
+    assert summary["dropped_frac"] < 0.25
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--model", "moe", "--experts", "6", "--ep", "4"], "--experts 6 does not split over --ep 4"),
+    (["--model", "moe", "--experts", "3", "--ep", "3"], "--ep 3 must divide the data-parallel degree 2"),
+    (["--model", "moe", "--top-k", "5"], "--top-k 5: must be between 1 and --experts 4"),
+    (["--model", "moe", "--capacity-factor", "-1"], "--capacity-factor -1.0: must be a positive number"),
+    (["--model", "moe", "--dp", "zero"], "--dp zero with --model moe: the dense gradients reduce with one of"),
+    (["--experts", "8"], "--experts: for --model moe only"),
+])
+def test_bad_moe_input_is_one_line_and_exit_2(argv, words):
+    run = ranks(2, *argv, "--steps", "1")
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert words in run.stderr and "Traceback" not in run.stderr, run.stderr[-2000:]

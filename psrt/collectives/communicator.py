@@ -524,11 +524,15 @@ class Communicator:
         fn = _ALLTOALLV[algo]
 
         def run():
-            send = self._work(t)
-            recv = torch.empty(sum(recv_counts) * row, dtype=t.dtype, device=send.device)
-            fn(self.comm, send, [c * row for c in send_counts], recv, [c * row for c in recv_counts])
+            # The input is only read and the output only written: MPI uses their own memory
+            # where it can (no copies of a large MoE dispatch), else staged copies.
+            send = t.reshape(-1) if t.is_contiguous() and self._on_device_ok(t, algo) else self._work(t)
             result = out if out is not None else torch.empty(shape, dtype=t.dtype, device=t.device)
-            return Staging.from_mpi(recv, result)
+            direct = result.is_contiguous() and self._on_device_ok(result, algo)
+            recv = result.view(-1) if direct else torch.empty(sum(recv_counts) * row, dtype=t.dtype,
+                                                               device=send.device)
+            fn(self.comm, send, [c * row for c in send_counts], recv, [c * row for c in recv_counts])
+            return result if direct else Staging.from_mpi(recv, result)
         return self._run('alltoallv', run, async_op, algo, sum(send_counts) * row * t.element_size())
 
     def _check_pairs(self, send_counts: list[int], recv_counts: list[int]) -> None:

@@ -49,3 +49,16 @@ def test_bad_moe_input_is_one_line_and_exit_2(argv, words):
     run = ranks(2, *argv, "--steps", "1")
     assert run.returncode == 2, run.stderr[-2000:]
     assert words in run.stderr and "Traceback" not in run.stderr, run.stderr[-2000:]
+
+
+def test_bench_moe(run_ranks, tmp_path):
+    """bench moe: both all-to-alls at every EP that divides N, the prediction beside them, and
+    the dense vs MoE step."""
+    out = tmp_path / "moe.json"
+    run_ranks(4, "-m", "psrt.bench", "moe", "--sizes", "64KiB", "--repeats", "1", "--steps", "1", "--quiet",
+              "--json", str(out), timeout=240).check()
+    payload = json.loads(out.read_text())
+    assert [r["ep"] for r in payload["rows"]] == [2, 4]
+    for r in payload["rows"]:
+        assert r["pairwise"] > 0 and r["native"] > 0 and r["predicted"] > 0
+    assert set(payload["steps"]) == {"transformer", "moe"}

@@ -143,6 +143,7 @@ class MoELayer(nn.Module):
         recv_pe = per_expert.view(P, local) if P == 1 else \
             self.ep_group.alltoallv(per_expert.view(P, local), [1] * P, [1] * P)
         recv_counts = recv_pe.sum(1).tolist()
+        self.stats["received"] = recv_pe          # [source rank, local expert]: rows this forward
         self.stats["a2a_rows"] = 0
         got = self._exchange(x[tok], send_counts, recv_counts)
         ids = torch.repeat_interleave(torch.arange(local).repeat(P), recv_pe.reshape(-1))

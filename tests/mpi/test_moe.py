@@ -62,3 +62,17 @@ def test_bench_moe(run_ranks, tmp_path):
     for r in payload["rows"]:
         assert r["pairwise"] > 0 and r["native"] > 0 and r["predicted"] > 0
     assert set(payload["steps"]) == {"transformer", "moe"}
+
+
+def test_example_prints_the_routing_table(run_ranks):
+    run = run_ranks(4, str(Path(__file__).resolve().parents[2] / "examples" / "moe.py"), "--steps", "1",
+                    timeout=240).check()
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("step 1: loss ") and "dropped" in lines[0]
+    table = [line.split() for line in lines[2:6]]
+    assert [row[:2] for row in table] == [["e0", "(r0)"], ["e1", "(r1)"], ["e2", "(r2)"], ["e3", "(r3)"]]
+    # every choice of every token is routed: kept ones appear in the table, the rest were dropped
+    kept = sum(int(row[-1]) for row in table)
+    words = lines[0].split()            # step 1: loss L, balance loss B, dropped D of C choices
+    dropped, choices = int(words[words.index("dropped") + 1]), int(words[words.index("of") + 1])
+    assert kept + dropped == choices, run.stdout

@@ -107,27 +107,33 @@ def command(args) -> int:
     ctl.Free()
     if world.rank != 0:
         return 0
-    one_per_host = link["hosts"] == world.size
+    cols = [("ep", "EP", "d"), ("size", "size", ""), ("pairwise", "pairwise (ms)", ".3f", 1e3),
+            ("native", "MPI Alltoallv (ms)", ".3f", 1e3)]
     for r in rows:
-        block = r["nbytes"] / r["ep"]
-        r["predicted"] = (r["ep"] - 1) * (link["alpha_s"] + block * link["beta_s_per_byte"])
-        r["error"] = r["pairwise"] / r["predicted"] - 1
         r["pairwise_vs_native"] = r["native"] / r["pairwise"]
+        if link is not None:
+            block = r["nbytes"] / r["ep"]
+            r["predicted"] = (r["ep"] - 1) * (link["alpha_s"] + block * link["beta_s_per_byte"])
+            r["error"] = r["pairwise"] / r["predicted"] - 1
+    if link is not None:
+        cols += [("predicted", "predicted (ms)", ".3f", 1e3), ("error", "error", "+.0%")]
     if not args.quiet:
-        where = "one rank per host" if one_per_host else f"{link['hosts']} host(s)"
-        print(f"# MoE all-to-all, N={world.size} ({where}); ping-pong {link['between']}: alpha "
-              f"{link['alpha_s'] * 1e6:.1f} us, {1 / link['beta_s_per_byte'] / 1e6:.0f} MB/s; size = bytes each "
-              "rank sends; predicted = pairwise exchange, (EP-1)(alpha + beta size/EP)"
-              + ("" if one_per_host else " (ranks share hosts: the link model is a rough guide)"))
-        report.table(rows, [("ep", "EP", "d"), ("size", "size", ""), ("pairwise", "pairwise (ms)", ".3f", 1e3),
-                            ("native", "MPI Alltoallv (ms)", ".3f", 1e3), ("predicted", "predicted (ms)", ".3f", 1e3),
-                            ("error", "error", "+.0%"), ("pairwise_vs_native", "x native", ".2f")])
+        if link is None:
+            print(f"# MoE all-to-all, N={world.size}; no prediction (see above); size = bytes each rank sends")
+        else:
+            one_per_host = link["hosts"] == world.size
+            where = "one rank per host" if one_per_host else f"{link['hosts']} host(s)"
+            print(f"# MoE all-to-all, N={world.size} ({where}); ping-pong {link['between']}: alpha "
+                  f"{link['alpha_s'] * 1e6:.1f} us, {1 / link['beta_s_per_byte'] / 1e6:.0f} MB/s; size = bytes "
+                  "each rank sends; predicted = pairwise exchange, (EP-1)(alpha + beta size/EP)"
+                  + ("" if one_per_host else " (ranks share hosts: the link model is a rough guide)"))
+        report.table(rows, cols + [("pairwise_vs_native", "x native", ".2f")])
         if steps:
             print(f"# step time, dense transformer vs MoE (top-1, {world.size} experts of the dense MLP's shape, "
                   f"EP={world.size}): {steps['transformer'] * 1e3:.1f} ms vs {steps['moe'] * 1e3:.1f} ms "
                   f"({steps['moe'] / steps['transformer']:.2f}x), same active parameters per token")
     if args.json:
-        report.write_json(args.json, {"meta": {"world_size": world.size, "link": {k: v for k, v in link.items()
-                                                                                  if k != "host_of"}},
+        report.write_json(args.json, {"meta": {"world_size": world.size, "link": link and {
+                                          k: v for k, v in link.items() if k != "host_of"}},
                                       "rows": rows, "steps": steps})
     return 0

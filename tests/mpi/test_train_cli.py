@@ -148,7 +148,7 @@ def test_own_model_and_data_train_with_two_strategies(tmp_path):
 
 
 @pytest.mark.parametrize("argv,words", [
-    (["--model", "user_model"], "--model 'user_model': choose one of mlp, cnn, transformer, or name your own as module:callable"),
+    (["--model", "user_model"], "--model 'user_model': choose one of mlp, cnn, transformer, moe, or name your own as module:callable"),
     (["--model", "no_such_package_psrt.models:build"], "--model no_such_package_psrt.models:build: cannot import "
      "no_such_package_psrt.models (ModuleNotFoundError"),
     (["--data", f"{USER}:no_such_data"], f"--data {USER}:no_such_data: module {USER} has no attribute 'no_such_data'"),

@@ -322,7 +322,8 @@ def test_cli_emulated_dry_run_shows_the_cluster_and_the_agent(capsys):
     assert command.count("mpi_yield_when_idle") == 1
 
 
-def test_cli_emulated_dry_run_for_mpich(capsys):
+def test_cli_emulated_dry_run_for_mpich(capsys, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)     # else it is kept, not set to 1
     code, out, _ = cli(capsys, "--dry-run", "--emulate", "--flavour", "mpich", "--hosts",
                        "n0:2,n1:2", "python", "x.py")
     agent = str(ROOT / "scripts" / "netns_agent")

@@ -105,3 +105,42 @@ def test_prediction_says_why_when_far_from_the_measurement():
 @pytest.mark.parametrize("seconds,text", [(12e-6, "12 us"), (3.456e-3, "3.46 ms"), (0.87, "870 ms"), (1.2, "1.2 s")])
 def test_duration(seconds, text):
     assert prediction.duration(seconds) == text
+
+
+class _Comm:
+    """Rank 0 of a two-rank job on two hosts, enough of mpi4py's Comm for measure()."""
+    rank, size = 0, 2
+
+    def allgather(self, value):
+        return [value, "other"]
+
+    def Split(self, color, key):
+        return self
+
+    def bcast(self, value, root):
+        return value
+
+    def Free(self):
+        pass
+
+
+class _World:
+    hostname = "here"
+
+
+def _points(times):
+    return [{"nbytes": m, "one_way_s": t} for m, t in zip(prediction.SIZES, times)]
+
+
+def test_a_busy_ping_pong_is_measured_again_then_left_out(monkeypatch, capsys):
+    flat = _points([1e-5, 1e-3, 1e-3, 1e-3])            # bigger messages no slower: no beta
+    good = _points([1e-5, 1e-3, 2e-3, 4e-3])
+    tries = iter([flat, good])
+    monkeypatch.setattr(prediction, "pingpong", lambda *a, **k: next(tries))
+    link = prediction.measure(_World(), _Comm())
+    assert link["beta_s_per_byte"] == pytest.approx(1e-3 / (1 << 20)) and link["hosts"] == 2
+    monkeypatch.setattr(prediction, "pingpong", lambda *a, **k: flat)
+    assert prediction.measure(_World(), _Comm()) is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"psrt: no alpha-beta prediction: ping-pong times do not grow with message size; cannot "
+                   f"fit beta after {prediction.ATTEMPTS} ping-pongs (a busy host?)"]

@@ -16,7 +16,10 @@ STRATEGIES = {
     "ring": "psrt.dp.ddp:RingDDP",                           # psrt's ring all-reduce, bucketed
     "native": "psrt.dp.ddp:NativeDDP",                       # same shape, MPI library allreduce
     "torch": "psrt.dp.ddp:TorchDDP",                         # same shape, torch.distributed
-    "zero": "psrt.dp.zero:ZeroOptimizer",                    # sharded optimizer state
+    "zero1": "psrt.dp.zero:ZeroOptimizer",                   # ZeRO-1: sharded optimizer state
+    "zero2": "psrt.dp.zero:Zero2",                           # ZeRO-2: ... and gradients
+    "zero3": "psrt.dp.zero3:Zero3",                          # ZeRO-3 / FSDP: ... and parameters
+    "zero": "psrt.dp.zero:ZeroOptimizer",                    # zero1's earlier name
     "horovod": "psrt.dp.horovod:HorovodStrategy",
 }
 

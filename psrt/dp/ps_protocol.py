@@ -19,8 +19,9 @@ import torch
 from mpi4py import MPI
 
 from psrt import env
-from psrt.collectives.layout import even_counts, offsets
+from psrt.collectives.layout import offsets
 from psrt.collectives.p2p import poll
+from psrt.dp.shards import ShardMap
 from psrt.errors import PsrtError
 from psrt.transport import msg
 
@@ -116,9 +117,9 @@ class FlatParams:
 def shard_ranges(numel: int, shards: int) -> list[tuple[int, int]]:
     """Size-balanced contiguous ranges of the flat vector, one per server (ps-lite's key
     ranges, Li et al. OSDI 2014 sec. 4.3): sizes differ by at most one element, larger first,
-    so each server stores and moves ~M/S whatever the parameter shapes are."""
-    off = offsets(even_counts(numel, shards))
-    return list(zip(off, off[1:]))
+    so each server stores and moves ~M/S whatever the parameter shapes are.  The one-unit
+    case of the ownership map that zero1/2/3 use too (psrt.dp.shards)."""
+    return ShardMap([numel], shards).ranges()
 
 
 def average_in_order(parts: list[torch.Tensor], out: torch.Tensor) -> torch.Tensor:

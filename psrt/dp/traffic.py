@@ -5,9 +5,11 @@ beside its summary when it compares strategies.
 A step is a list of phases that run one after the other; a phase is a set of transfers that
 run at once, plus the sequential message latencies it pays:
 
-- ring all-reduce (ring, native, torch, horovod; zero's reduce-scatter + all-gather moves the
-  same bytes): one phase, 2(N-1) steps, 2(N-1)/N x M from each rank to its successor
-  (Patarasuk & Yuan, JPDC 2009);
+- ring all-reduce (ring, native, torch, horovod; zero1's and zero2's reduce-scatter +
+  all-gather moves the same bytes): one phase, 2(N-1) steps, 2(N-1)/N x M from each rank to
+  its successor (Patarasuk & Yuan, JPDC 2009); zero3 gathers the parameters twice (forward
+  and backward) and reduce-scatters once: 3(N-1) steps and 3(N-1)/N x M (Rajbhandari et al.,
+  SC 2020, sec. 7.2.2), paid once per wrapped unit in latency, which the model leaves out;
 - parameter server (ps, ps-sharded, ps-async): a push phase (every worker sends slice s of
   its gradient, M/S bytes, to each server s) and, after the update, a pull phase (each server
   sends its M/S of parameters to every worker).  The two do not overlap: a server updates
@@ -23,7 +25,9 @@ from dataclasses import dataclass
 from psrt.collectives.cost import Fit, link_load
 from psrt.dp.roles import async_layout, ps_layout, sharded_layout
 
-RING_LIKE = ("ring", "native", "torch", "horovod", "zero")
+# Ring-shaped strategies and how many passes of (N-1)/N x M each step makes.
+RING_PASSES = {"ring": 2, "native": 2, "torch": 2, "horovod": 2, "zero": 2, "zero1": 2, "zero2": 2, "zero3": 3}
+RING_LIKE = tuple(RING_PASSES)
 PS_LAYOUTS = {"ps": ps_layout, "ps-sharded": sharded_layout, "ps-async": async_layout}
 
 
@@ -39,8 +43,9 @@ def phases(strategy: str, size: int, nbytes: float, servers: int | None = None) 
     if strategy in RING_LIKE:
         if size < 2:
             return []
-        per = 2 * (size - 1) / size * nbytes
-        return [Phase([(r, (r + 1) % size, per) for r in range(size)], 2 * (size - 1))]
+        k = RING_PASSES[strategy]
+        per = k * (size - 1) / size * nbytes
+        return [Phase([(r, (r + 1) % size, per) for r in range(size)], k * (size - 1))]
     if strategy in PS_LAYOUTS:
         server_ranks, workers = PS_LAYOUTS[strategy](size, servers)
         part = nbytes / len(server_ranks)

@@ -1,13 +1,19 @@
-"""Sharded optimizer state: ZeRO stage 1-2 (Rajbhandari et al., "ZeRO: Memory Optimizations
-Toward Training Trillion Parameter Models", SC 2020, section 5).
+"""Sharded optimizer state and gradients: ZeRO stages 1 and 2 (Rajbhandari et al., "ZeRO:
+Memory Optimizations Toward Training Trillion Parameter Models", SC 2020, sections 5.1-5.2).
+Stage 3, which shards the parameters too, is psrt/dp/zero3.py.
 
-Every rank keeps the whole model for forward and backward, but only 1/N of the optimizer:
-all parameters are laid end to end in one flat vector, padded to a multiple of N, and rank
-r owns elements [r*S, (r+1)*S) with S = padded/N.  A step is
+Every rank keeps the whole model for forward and backward, but only 1/N of the optimizer.
+The trainable parameters are laid end to end in one flat vector and cut into units split
+over the ranks (psrt.dp.shards.ShardMap); rank r owns part r of every unit.  A step is
 
-    backward -> reduce-scatter(gradients, avg)   rank r receives the averaged gradient of its shard
+    backward -> reduce-scatter(gradients, avg)   rank r receives the averaged gradient of its parts
              -> optimizer.step() on the shard    momentum / Adam moments exist for the shard only
              -> all-gather(shards)               every rank gets every updated parameter
+
+zero1 reduce-scatters the whole gradient after backward (one unit); zero2 cuts the vector
+into gradient buckets, reduce-scatters each as soon as backward has produced it and drops
+the parameters' .grad, so a rank never holds more than its gradient shard and two buckets in
+flight (section 5.2: 4 + 12/N bytes per parameter with fp32 Adam instead of 8 + 8/N).
 
 Reduce-scatter + all-gather move the same bytes as one ring all-reduce (which is exactly
 those two phases), so the memory saving costs no extra communication.  Optimizers that
@@ -24,9 +30,9 @@ import torch
 from psrt.collectives import ALGORITHMS
 from psrt.collectives.cost import wire_bytes
 from psrt.dp.base import DataParallel, StepStats
-from psrt.dp.common import COMPRESS, broadcast_model, check_compress, copy_back, flatten, join_torch
+from psrt.dp.common import COMPRESS, broadcast_model, check_compress, flatten, join_torch
+from psrt.dp.shards import ShardMap
 from psrt.errors import PsrtError
-
 
 @dataclass(frozen=True)
 class ZeroOptions:
@@ -41,101 +47,292 @@ class ZeroOptions:
         check_compress(self.compress)
 
 
-class ZeroOptimizer(DataParallel):
-    """Data parallelism with the optimizer state sharded over ranks (see ZeroOptions)."""
+@dataclass(frozen=True)
+class Zero2Options(ZeroOptions):
+    """bucket_mb: gradient bucket size in MiB (default 25, as DDP's): each bucket is
+    reduce-scattered as soon as backward has produced it; at most two are in flight."""
 
-    name = "zero"
+    bucket_mb: float = 25.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.bucket_mb > 0:
+            raise PsrtError(f"--bucket-mb {self.bucket_mb}: must be positive", everywhere=True)
+
+
+def check_algorithm(name: str, algorithm: str) -> None:
+    usable = [a for a in ALGORITHMS["reduce_scatter"] if a in ALGORITHMS["allgather"]]
+    if algorithm not in usable + ["auto"]:
+        raise PsrtError(f"--algorithm {algorithm}: --dp {name} needs a reduce-scatter and all-gather "
+                        f"algorithm: one of auto, {', '.join(usable)}", everywhere=True)
+
+
+def trainable(model: torch.nn.Module, name: str) -> list[torch.nn.Parameter]:
+    """The parameters a sharded strategy updates: at least one, all of one dtype."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise PsrtError("the model has no trainable parameters")
+    if len({p.dtype for p in params}) != 1:
+        raise PsrtError(f"--dp {name} needs every trainable parameter in one dtype")
+    return params
+
+
+def flat_views(params: list, flat: torch.Tensor) -> None:
+    """Make every parameter a view of its slice of `flat` (which holds their values), so the
+    model, the optimizer's shard and the all-gather all work on one buffer (PyTorch FSDP's
+    FlatParameter): no copy of the parameters exists besides it."""
+    at = 0
+    for p in params:
+        p.data = flat[at:at + p.numel()].view_as(p)
+        at += p.numel()
+
+
+class ZeroOptimizer(DataParallel):
+    """ZeRO stage 1: data parallelism with the optimizer state sharded over ranks."""
+
+    name = "zero1"
     Options = ZeroOptions
 
     def __init__(self, model, make_optimizer, group, **options):
         super().__init__(model, make_optimizer, group, **options)
         self.algorithm = self.options.algorithm or "ring"
-        usable = [a for a in ALGORITHMS["reduce_scatter"] if a in ALGORITHMS["allgather"]]
-        if self.algorithm not in usable + ["auto"]:
-            raise PsrtError(f"--algorithm {self.algorithm}: --dp zero needs a reduce-scatter and "
-                            f"all-gather algorithm: one of auto, {', '.join(usable)}", everywhere=True)
+        check_algorithm(self.name, self.algorithm)
         if self.algorithm == "torch":
             join_torch(group, model)
         self.wire_dtype = COMPRESS[self.options.compress]
         broadcast_model(model, group)
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        if not self.params:
-            raise PsrtError("the model has no trainable parameters")
-        if len({p.dtype for p in self.params}) != 1:
-            raise PsrtError("--dp zero needs every trainable parameter in one dtype")
+        self.params = self._order(trainable(model, self.name))
         n, r = group.size, group.rank
-        self.total = sum(p.numel() for p in self.params)
-        self.shard = -(-self.total // n)                 # ceil: pad so N parts are equal
-        like = self.params[0]
-        self.flat_grad = torch.zeros(self.shard * n, dtype=like.dtype, device=like.device)
-        # Gather buffer: each rank's shard followed by its local loss, so the mean loss over
-        # ranks arrives with the parameters at no extra message.
-        self.gathered = torch.zeros(n * (self.shard + 1), dtype=like.dtype, device=like.device)
-        flat = flatten(self.params)
-        mine = torch.zeros(self.shard, dtype=like.dtype, device=like.device)
-        lo, hi = r * self.shard, min((r + 1) * self.shard, self.total)
-        if hi > lo:
-            mine[:hi - lo] = flat[lo:hi]
-        # The master copy of this rank's shard: the only tensor the optimizer ever sees.
-        self.master = torch.nn.Parameter(mine)
-        self.optimizer = make_optimizer([self.master])
-        self.grad_shard = torch.zeros(self.shard, dtype=like.dtype, device=like.device)
+        self.map = ShardMap(self._unit_sizes(), n)
+        self.total = self.map.numel
+        self.flat = flatten(self.params)
+        flat_views(self.params, self.flat)
+        # This rank's part of each unit, a view of the flat parameters: the optimizer updates
+        # them in place, so the all-gather only has to bring the other ranks' parts.
+        self.owned = self.map.owned(r)
+        self.masters = [torch.nn.Parameter(self.flat[lo:hi]) for lo, hi in self.owned]
+        self.shard = sum(m.numel() for m in self.masters)
+        self.optimizer = make_optimizer(self.masters)
+        self._setup()
 
-    def _reduce_scatter(self) -> int:
-        """flat_grad -> averaged gradient of this rank's shard in grad_shard; returns bytes sent."""
-        n = self.group.size
-        counts = [self.shard] * n
+    # The flat order and its cut into units; zero2 overrides both.
+    def _order(self, params: list) -> list:
+        return params
+
+    def _unit_sizes(self) -> list[int]:
+        return [sum(p.numel() for p in self.params)]
+
+    def _setup(self) -> None:
+        # The full gradient, reduce-scattered in place: this rank's averaged part lands in its
+        # own slice, which is the master's .grad.
+        self.flat_grad = torch.zeros_like(self.flat)
+        lo, hi = self.owned[0]
+        self.grad_parts = [self.flat_grad[lo:hi]]
+
+    def _sent(self, collective: str, numel: int, dtype: torch.dtype) -> int:
+        nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+        return wire_bytes(collective, self.algorithm, nbytes, self.group.size, self.group.rank)
+
+    def _reduce_scatter(self, flat: torch.Tensor, counts, out: torch.Tensor, async_op: bool = False):
+        """Average `flat` over ranks and leave this rank's part in `out`.  With --compress the
+        values travel in the wire dtype, divided by N *before* the cast and summed, so an
+        fp16 sum cannot overflow where the average would not (see ddp.CompressedReducer)."""
         if self.wire_dtype is None:
-            self.group.reduce_scatter(self.flat_grad, op="avg", out=self.grad_shard, counts=counts,
-                                     algorithm=self.algorithm)
-            sent = self.flat_grad.numel() * self.flat_grad.element_size()
-        else:
-            # Divide before the cast so the fp16 sum cannot overflow (see ddp.CompressedReducer).
-            wire = (self.flat_grad / n).to(self.wire_dtype)
-            self.grad_shard.copy_(self.group.reduce_scatter(wire, op="sum", counts=counts,
-                                                           algorithm=self.algorithm))
-            sent = wire.numel() * wire.element_size()
-        return wire_bytes("reduce_scatter", self.algorithm, sent, n, self.group.rank)
+            return self.group.reduce_scatter(flat, op="avg", out=out, counts=list(counts),
+                                             algorithm=self.algorithm, async_op=async_op)
+        wire = (flat / self.group.size).to(self.wire_dtype)
+        handle = self.group.reduce_scatter(wire, op="sum", counts=list(counts), algorithm=self.algorithm,
+                                           async_op=True)
+        done = _Then(handle, lambda got: out.copy_(got))
+        return done if async_op else done.wait()
+
+    def _backward(self, loss_fn, microbatches: list) -> tuple[float, float, int]:
+        """Forward and backward of every micro-batch, then one reduce-scatter of the whole
+        gradient; (mean local loss, seconds in communication, bytes sent)."""
+        n_mb, total = len(microbatches), 0.0
+        for p in self.params:
+            p.grad = None
+        trace = self.tracer
+        for k, mb in enumerate(microbatches):
+            with trace.span("forward", "compute", microbatch=k):
+                loss = loss_fn(mb)
+            total += loss.item()
+            with trace.span("backward", "compute", microbatch=k):
+                (loss / n_mb).backward()     # mean over this rank's samples, as in ddp.DDP.step
+        flatten([p.grad for p in self.params], like=self.params, out=self.flat_grad)
+        for p in self.params:
+            p.grad = None                    # the flat gradient holds them now
+        t0 = time.perf_counter()
+        self._reduce_scatter(self.flat_grad, self.map.units[0].counts, out=self.grad_parts[0])
+        sent = self._sent("reduce_scatter", self.total, self.wire_dtype or self.flat.dtype)
+        return total / n_mb, time.perf_counter() - t0, sent
 
     def step(self, loss_fn, microbatches: list) -> StepStats:
         start = time.perf_counter()
-        for p in self.params:
-            p.grad = None
-        n_mb, total = len(microbatches), 0.0
-        for mb in microbatches:
-            loss = loss_fn(mb)
-            total += loss.item()
-            (loss / n_mb).backward()     # mean over this rank's samples, as in ddp.DDP.step
-        flatten([p.grad for p in self.params], like=self.params, out=self.flat_grad)
+        local_loss, comm_s, sent = self._backward(loss_fn, microbatches)
+        for m, g in zip(self.masters, self.grad_parts):
+            m.grad = g
+        with self.tracer.span("optimizer", "compute"):
+            self.optimizer.step()
         t0 = time.perf_counter()
-        sent = self._reduce_scatter()
-        comm_s = time.perf_counter() - t0
-        self.master.grad = self.grad_shard
-        self.optimizer.step()
-        n, k = self.group.size, self.shard
-        send = torch.cat([self.master.detach(), self.master.new_tensor([total / n_mb])])
-        t0 = time.perf_counter()
-        self.group.allgather(send, out=self.gathered, counts=[k + 1] * n, algorithm=self.algorithm)
+        # Each unit's updated parts, gathered into the flat parameters where they belong, and
+        # the mean loss over ranks (one element) behind them.
+        handles = [self.group.allgather(m.detach(), out=self.flat[u.lo:u.hi], counts=list(u.counts),
+                                        algorithm=self.algorithm, async_op=True)
+                   for u, m in zip(self.map.units, self.masters) if u.numel]
+        losses = self.group.allreduce(self.flat.new_tensor([local_loss]), op="avg", algorithm=self.algorithm)
+        for h in handles:
+            h.wait()
         comm_s += time.perf_counter() - t0
-        sent += wire_bytes("allgather", self.algorithm, self.gathered.numel() * self.gathered.element_size(),
-                           n, self.group.rank)
-        table = self.gathered.view(n, k + 1)
-        copy_back(table[:, :k].reshape(-1), self.params)
+        sent += self._sent("allgather", self.total, self.flat.dtype)
         elapsed = time.perf_counter() - start
-        return StepStats(loss=float(table[:, k].mean()), compute_s=elapsed - comm_s, comm_s=comm_s,
-                         bytes_sent=sent, extra={"shard_elements": k})
+        return StepStats(loss=float(losses[0]), compute_s=elapsed - comm_s, comm_s=comm_s,
+                         bytes_sent=sent, extra={"shard_elements": self.shard})
+
+    def memory(self) -> dict:
+        return {"params": [self.flat], "grads": [self.flat_grad], "optimizer": self.optimizer}
 
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "master": self.master.detach().clone(), "shard": [self.group.rank, self.group.size, self.shard]}
+                "shard": [self.group.rank, self.group.size, self.shard]}
 
     def load_state_dict(self, state: dict) -> None:
         rank, size, shard = state["shard"]
         if (size, shard) != (self.group.size, self.shard):
-            raise PsrtError(f"--resume: this zero checkpoint holds {size} optimizer shards of {shard} "
+            raise PsrtError(f"--resume: this {self.name} checkpoint holds {size} optimizer shards of {shard} "
                             f"elements; this run has {self.group.size} of {self.shard} (resume on "
                             f"{size} ranks)", everywhere=True)
-        self.model.load_state_dict(state["model"])
-        with torch.no_grad():
-            self.master.copy_(state["master"])
+        self.model.load_state_dict(state["model"])       # writes into the flat parameters
         self.optimizer.load_state_dict(state["optimizer"])
+
+
+class _Then:
+    """A waitable that runs `after(result)` once the inner handle completes."""
+
+    def __init__(self, handle, after):
+        self._handle, self._after = handle, after
+
+    def wait(self):
+        return self._after(self._handle.wait())
+
+
+class Zero2(ZeroOptimizer):
+    """ZeRO stage 2: gradients reduce-scattered bucket by bucket during backward, too."""
+
+    name = "zero2"
+    Options = Zero2Options
+    IN_FLIGHT = 2      # bucket buffers: one being filled while the other is reduced
+
+    def _order(self, params: list) -> list:
+        return list(reversed(params))       # backward produces gradients roughly in this order
+
+    def _unit_sizes(self) -> list[int]:
+        self.buckets = group_by_bytes(self.params, int(self.options.bucket_mb * 2 ** 20))
+        return [sum(self.params[i].numel() for i in b) for b in self.buckets]
+
+    def _setup(self) -> None:
+        like = self.flat
+        biggest = max(u.numel for u in self.map.units)
+        self.pool = [torch.zeros(biggest, dtype=like.dtype) for _ in range(min(self.IN_FLIGHT, len(self.buckets)))]
+        # This rank's averaged gradient parts, end to end: all the gradient it ever holds.
+        self.grad_shard = torch.zeros(self.shard, dtype=like.dtype)
+        at = self.map.shard_offsets(self.group.rank)
+        self.grad_parts = [self.grad_shard[a:b] for a, b in zip(at, at[1:])]
+        self.incoming = None               # a second shard, for micro-batches after the first
+        self.where = {}                    # parameter index -> bucket
+        for b, idx in enumerate(self.buckets):
+            self.where.update((i, b) for i in idx)
+        self._syncing = False
+        self._hooks = [p.register_post_accumulate_grad_hook(self._hook(i)) for i, p in enumerate(self.params)]
+
+    def _hook(self, i: int):
+        def hook(p: torch.Tensor) -> None:
+            if self._syncing:
+                self._left[self.where[i]] -= 1
+                self._launch_ready()
+        return hook
+
+    def _launch_ready(self) -> None:
+        """Launch complete buckets strictly in index order (every rank starts collectives in
+        the same order, MPI 4.1 sec. 6.14), each from a free pool buffer."""
+        while self._next < len(self.buckets) and self._left[self._next] == 0:
+            b = self._next
+            slot = b % len(self.pool)
+            if self._handles[slot] is not None:
+                self._handles[slot].wait()
+                self._handles[slot] = None
+            unit = self.map.units[b]
+            buf = self.pool[slot][:unit.numel]
+            at = 0
+            for i in self.buckets[b]:
+                p = self.params[i]
+                k = p.numel()
+                if p.grad is None:                 # no gradient on this rank: it counts as zero
+                    buf[at:at + k].zero_()
+                else:
+                    buf[at:at + k].copy_(p.grad.reshape(-1))
+                p.grad = None                      # the whole gradient is never held
+                at += k
+            self._handles[slot] = self._reduce_scatter(buf, unit.counts, out=self._into[b], async_op=True)
+            self._next += 1
+
+    def _backward(self, loss_fn, microbatches: list) -> tuple[float, float, int]:
+        """Per micro-batch: backward launches each bucket's reduce-scatter as it completes;
+        the parts of later micro-batches are added to the first's (DeepSpeed's stage 2
+        reduces every micro-batch too: holding the accumulated full gradient is what stage 2
+        avoids)."""
+        n_mb, total, comm_s = len(microbatches), 0.0, 0.0
+        if n_mb > 1 and self.incoming is None:
+            self.incoming = torch.zeros_like(self.grad_shard)
+        at = self.map.shard_offsets(self.group.rank)
+        trace = self.tracer
+        for k, mb in enumerate(microbatches):
+            target = self.grad_shard if k == 0 else self.incoming
+            self._into = [target[a:b] for a, b in zip(at, at[1:])]
+            self._left = [len(b) for b in self.buckets]
+            self._next = 0
+            self._handles = [None] * len(self.pool)
+            with trace.span("forward", "compute", microbatch=k):
+                loss = loss_fn(mb)
+            total += loss.item()
+            self._syncing = True
+            try:
+                with trace.span("backward", "compute", microbatch=k):
+                    (loss / n_mb).backward()
+            finally:
+                self._syncing = False
+            self._left = [0] * len(self.buckets)    # parameters without a gradient count as zero
+            self._launch_ready()
+            t0 = time.perf_counter()
+            with trace.span("wait for buckets", "wait", buckets=len(self.buckets)):
+                for h in self._handles:
+                    if h is not None:
+                        h.wait()
+            comm_s += time.perf_counter() - t0
+            if k:
+                self.grad_shard.add_(self.incoming)
+        sent = n_mb * self._sent("reduce_scatter", self.total, self.wire_dtype or self.flat.dtype)
+        return total / n_mb, comm_s, sent
+
+    def memory(self) -> dict:
+        grads = [self.grad_shard] + ([self.incoming] if self.incoming is not None else [])
+        return {"params": [self.flat], "grads": grads, "optimizer": self.optimizer, "buffers": self.pool}
+
+    def finish(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+
+def group_by_bytes(params: list, nbytes: int) -> list[list[int]]:
+    """Indices of consecutive `params` grouped into buckets of at least `nbytes` (the last
+    may be smaller)."""
+    buckets, cur, size = [], [], 0
+    for i, p in enumerate(params):
+        if cur and size >= nbytes:
+            buckets.append(cur)
+            cur, size = [], 0
+        cur.append(i)
+        size += p.numel() * p.element_size()
+    buckets.append(cur)
+    return buckets

@@ -19,7 +19,7 @@ STRATEGIES = {
     "zero1": "psrt.dp.zero:ZeroOptimizer",                   # ZeRO-1: sharded optimizer state
     "zero2": "psrt.dp.zero:Zero2",                           # ZeRO-2: ... and gradients
     "zero3": "psrt.dp.zero3:Zero3",                          # ZeRO-3 / FSDP: ... and parameters
-    "zero": "psrt.dp.zero:ZeroOptimizer",                    # zero1's earlier name
+    "zero": "psrt.dp.zero:ZeroAlias",                        # zero1 under its earlier name
     "horovod": "psrt.dp.horovod:HorovodStrategy",
 }
 

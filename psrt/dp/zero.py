@@ -336,3 +336,8 @@ def group_by_bytes(params: list, nbytes: int) -> list[list[int]]:
         size += p.numel() * p.element_size()
     buckets.append(cur)
     return buckets
+
+
+class ZeroAlias(ZeroOptimizer):
+    """`--dp zero`: zero1 under its earlier name."""
+    name = "zero"

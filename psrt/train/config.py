@@ -48,10 +48,10 @@ class TrainConfig:
     algorithm: str | None = opt(None, "collective algorithm of the gradient reducer (default: the "
                                 "strategy's own, e.g. ring for --dp ring)", "strategy",
                                 ("auto",) + ALGORITHMS["allreduce"])
-    bucket_mb: float = opt(25.0, "gradient bucket size in MiB (ring, native, torch); 25 as in PyTorch DDP",
+    bucket_mb: float = opt(25.0, "gradient bucket size in MiB (ring, native, torch, zero2); 25 as in PyTorch DDP",
                            "strategy", metavar="MB")
-    overlap: bool = opt(True, "all-reduce each bucket during backward, as soon as it is ready "
-                        "(--no-overlap: after backward)", "strategy")
+    overlap: bool = opt(True, "all-reduce each bucket during backward, as soon as it is ready; zero3: "
+                        "prefetch the next unit's parameters (--no-overlap: neither)", "strategy")
     compress: str = opt("none", "dtype communicated gradients travel in", "strategy", COMPRESSIONS)
     servers: int | None = opt(None, "dedicated parameter-server ranks (ps, ps-sharded, ps-async; "
                               "0: rank 0 serves and trains).  Default: the strategy's own (0 for ps "

@@ -14,7 +14,8 @@ from psrt.train.loop import check_strategies, strategy_options
 
 # One misspelling per strategy, of an option it (or its family) really has.
 MISSPELT = {"ps": "server", "ps-sharded": "shard", "ps-async": "stalenes", "ring": "bucket_m",
-            "native": "overlapp", "torch": "algorithms", "zero": "compres", "horovod": "compression"}
+            "native": "overlapp", "torch": "algorithms", "zero": "compres", "horovod": "compression",
+            "zero1": "compres", "zero2": "bucket_m", "zero3": "overlapp"}
 
 
 def test_every_strategy_has_a_misspelling_here():

@@ -87,6 +87,14 @@ class DataParallel(abc.ABC):
         opt = getattr(self, "optimizer", None)
         return optimizer_state_bytes(opt) if opt is not None else 0
 
+    def memory(self) -> dict:
+        """The tensors this rank holds, by part (params, grads, optimizer, buffers), for the
+        memory ledger (psrt.dp.memory): by default the model's parameters, their .grad and
+        the optimizer.  A strategy that keeps its own copies or shards names them instead."""
+        params = [p for p in self.model.parameters()]
+        return {"params": params, "grads": [p.grad for p in params],
+                "optimizer": getattr(self, "optimizer", None) or []}
+
     def __init__(self, model: torch.nn.Module, make_optimizer: Callable[[Iterable], torch.optim.Optimizer],
                  group, **options):
         self.model = model

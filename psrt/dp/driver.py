@@ -130,6 +130,11 @@ class Driver:
     def optimizer_state_bytes(self) -> int:
         return self.strategy.optimizer_state_bytes()
 
+    def memory(self) -> dict[str, int]:
+        """Bytes this rank holds now: params, grads, optimizer, buffers (psrt.dp.memory)."""
+        from psrt.dp import memory
+        return memory.held(self.strategy)
+
     # ------------------------------------------------------------------ data
     def shard(self, dataset):
         """This worker's part of a map-style `dataset`: every num_workers-th sample from

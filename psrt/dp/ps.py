@@ -90,6 +90,11 @@ class ParameterServer(DataParallel):
         """This rank's index among the workers (for splitting data), -1 on a dedicated server."""
         return self.worker_ranks.index(self.rank) if self.is_worker else -1
 
+    def memory(self) -> dict:
+        held = super().memory()
+        held["optimizer"] = self.holder.optimizer if self.shard is not None else []
+        return held
+
     def optimizer_state_bytes(self) -> int:
         return 0 if self.shard is None else optimizer_state_bytes(self.holder.optimizer)
 

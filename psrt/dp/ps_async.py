@@ -148,6 +148,11 @@ class AsyncParameterServer(DataParallel):
     def worker_rank(self) -> int:
         return self.rank if self.is_worker else -1
 
+    def memory(self) -> dict:
+        held = super().memory()
+        held["optimizer"] = self.holder.optimizer if not self.is_worker else []
+        return held
+
     def optimizer_state_bytes(self) -> int:
         return 0 if self.is_worker else optimizer_state_bytes(self.holder.optimizer)
 

@@ -133,19 +133,6 @@ class ZeroOptimizer(DataParallel):
         nbytes = numel * torch.empty(0, dtype=dtype).element_size()
         return wire_bytes(collective, self.algorithm, nbytes, self.group.size, self.group.rank)
 
-    def _reduce_scatter(self, flat: torch.Tensor, counts, out: torch.Tensor, async_op: bool = False):
-        """Average `flat` over ranks and leave this rank's part in `out`.  With --compress the
-        values travel in the wire dtype, divided by N *before* the cast and summed, so an
-        fp16 sum cannot overflow where the average would not (see ddp.CompressedReducer)."""
-        if self.wire_dtype is None:
-            return self.group.reduce_scatter(flat, op="avg", out=out, counts=list(counts),
-                                             algorithm=self.algorithm, async_op=async_op)
-        wire = (flat / self.group.size).to(self.wire_dtype)
-        handle = self.group.reduce_scatter(wire, op="sum", counts=list(counts), algorithm=self.algorithm,
-                                           async_op=True)
-        done = _Then(handle, lambda got: out.copy_(got))
-        return done if async_op else done.wait()
-
     def _backward(self, loss_fn, microbatches: list) -> tuple[float, float, int]:
         """Forward and backward of every micro-batch, then one reduce-scatter of the whole
         gradient; (mean local loss, seconds in communication, bytes sent)."""
@@ -163,7 +150,8 @@ class ZeroOptimizer(DataParallel):
         for p in self.params:
             p.grad = None                    # the flat gradient holds them now
         t0 = time.perf_counter()
-        self._reduce_scatter(self.flat_grad, self.map.units[0].counts, out=self.grad_parts[0])
+        reduce_scatter_into(self.group, self.flat_grad, self.map.units[0].counts, self.grad_parts[0],
+                            wire_dtype=self.wire_dtype, algorithm=self.algorithm)
         sent = self._sent("reduce_scatter", self.total, self.wire_dtype or self.flat.dtype)
         return total / n_mb, time.perf_counter() - t0, sent
 
@@ -206,6 +194,22 @@ class ZeroOptimizer(DataParallel):
         self.optimizer.load_state_dict(state["optimizer"])
 
 
+def reduce_scatter_into(group, flat: torch.Tensor, counts, out: torch.Tensor, *, accumulate: bool = False,
+                        wire_dtype=None, algorithm: str = "ring", async_op: bool = False):
+    """Average `flat` over the ranks of `group` into this rank's part `out` (added to it with
+    `accumulate`, for a later micro-batch).  With a wire dtype (--compress) the values are
+    divided by N *before* the cast and summed, so an fp16 sum cannot overflow where the
+    average would not (see ddp.CompressedReducer)."""
+    counts = list(counts)
+    if wire_dtype is None and not accumulate:
+        return group.reduce_scatter(flat, op="avg", out=out, counts=counts, algorithm=algorithm,
+                                    async_op=async_op)
+    src, op = (flat, "avg") if wire_dtype is None else ((flat / group.size).to(wire_dtype), "sum")
+    handle = group.reduce_scatter(src, op=op, counts=counts, algorithm=algorithm, async_op=True)
+    done = _Then(handle, out.add_ if accumulate else out.copy_)
+    return done if async_op else done.wait()
+
+
 class _Then:
     """A waitable that runs `after(result)` once the inner handle completes."""
 
@@ -238,7 +242,6 @@ class Zero2(ZeroOptimizer):
         self.grad_shard = torch.zeros(self.shard, dtype=like.dtype)
         at = self.map.shard_offsets(self.group.rank)
         self.grad_parts = [self.grad_shard[a:b] for a, b in zip(at, at[1:])]
-        self.incoming = None               # a second shard, for micro-batches after the first
         self.where = {}                    # parameter index -> bucket
         for b, idx in enumerate(self.buckets):
             self.where.update((i, b) for i in idx)
@@ -273,7 +276,9 @@ class Zero2(ZeroOptimizer):
                     buf[at:at + k].copy_(p.grad.reshape(-1))
                 p.grad = None                      # the whole gradient is never held
                 at += k
-            self._handles[slot] = self._reduce_scatter(buf, unit.counts, out=self._into[b], async_op=True)
+            self._handles[slot] = reduce_scatter_into(
+                self.group, buf, unit.counts, self.grad_parts[b], accumulate=self._accumulate,
+                wire_dtype=self.wire_dtype, algorithm=self.algorithm, async_op=True)
             self._next += 1
 
     def _backward(self, loss_fn, microbatches: list) -> tuple[float, float, int]:
@@ -282,13 +287,9 @@ class Zero2(ZeroOptimizer):
         reduces every micro-batch too: holding the accumulated full gradient is what stage 2
         avoids)."""
         n_mb, total, comm_s = len(microbatches), 0.0, 0.0
-        if n_mb > 1 and self.incoming is None:
-            self.incoming = torch.zeros_like(self.grad_shard)
-        at = self.map.shard_offsets(self.group.rank)
         trace = self.tracer
         for k, mb in enumerate(microbatches):
-            target = self.grad_shard if k == 0 else self.incoming
-            self._into = [target[a:b] for a, b in zip(at, at[1:])]
+            self._accumulate = k > 0          # later micro-batches add to the first's parts
             self._left = [len(b) for b in self.buckets]
             self._next = 0
             self._handles = [None] * len(self.pool)
@@ -309,14 +310,11 @@ class Zero2(ZeroOptimizer):
                     if h is not None:
                         h.wait()
             comm_s += time.perf_counter() - t0
-            if k:
-                self.grad_shard.add_(self.incoming)
         sent = n_mb * self._sent("reduce_scatter", self.total, self.wire_dtype or self.flat.dtype)
         return total / n_mb, comm_s, sent
 
     def memory(self) -> dict:
-        grads = [self.grad_shard] + ([self.incoming] if self.incoming is not None else [])
-        return {"params": [self.flat], "grads": grads, "optimizer": self.optimizer, "buffers": self.pool}
+        return {"params": [self.flat], "grads": [self.grad_shard], "optimizer": self.optimizer, "buffers": self.pool}
 
     def finish(self) -> None:
         for h in self._hooks:

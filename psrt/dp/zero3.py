@@ -35,7 +35,7 @@ from psrt.collectives.cost import wire_bytes
 from psrt.dp.base import DataParallel, StepStats
 from psrt.dp.common import COMPRESS, broadcast_model, flatten, join_torch
 from psrt.dp.shards import ShardMap
-from psrt.dp.zero import ZeroOptions, check_algorithm, trainable
+from psrt.dp.zero import ZeroOptions, check_algorithm, reduce_scatter_into, trainable
 from psrt.errors import PsrtError
 
 
@@ -124,7 +124,8 @@ class Zero3(DataParallel):
         self.masters = [nn.Parameter(u.part) for u in self.units]
         self.optimizer = make_optimizer(self.masters)
         self.grad_shard = torch.zeros_like(self.shard)
-        self.incoming = None
+        at = self.map.shard_offsets(group.rank)
+        self._grad_parts = [self.grad_shard[a:b] for a, b in zip(at, at[1:])]
         self._empty = self.shard.new_empty(0)
         self._by_storage: dict[int, _Unit] = {}
         self._inflight: list = []
@@ -244,19 +245,11 @@ class Zero3(DataParallel):
             self._inflight.append(self._reduce_scatter(grads, u))
 
     def _reduce_scatter(self, grads: torch.Tensor, u: _Unit):
-        """Average `grads` over ranks into this rank's part of u (the target of this micro-
-        batch); with --compress divided by N before the cast and summed (see zero.py)."""
-        out = self._target[u.index]
-        if self.wire_dtype is None:
-            handle = self.group.reduce_scatter(grads, op="avg", out=out, counts=u.counts,
-                                               algorithm=self.algorithm, async_op=True)
-        else:
-            wire = (grads / self.group.size).to(self.wire_dtype)
-            inner = self.group.reduce_scatter(wire, op="sum", counts=u.counts, algorithm=self.algorithm,
-                                              async_op=True)
-            handle = _Copy(inner, out)
+        """Average `grads` over ranks into this rank's part of u's gradient."""
         self._sent += self._wire("reduce_scatter", u.numel, self.wire_dtype or grads.dtype)
-        return handle
+        return reduce_scatter_into(self.group, grads, u.counts, self._grad_parts[u.index],
+                                   accumulate=self._accumulate, wire_dtype=self.wire_dtype,
+                                   algorithm=self.algorithm, async_op=True)
 
     def _wire(self, collective: str, numel: int, dtype) -> int:
         nbytes = numel * torch.empty(0, dtype=dtype).element_size()
@@ -267,14 +260,10 @@ class Zero3(DataParallel):
         start = time.perf_counter()
         self._comm_s, self._sent = 0.0, 0
         n_mb, total = len(microbatches), 0.0
-        if n_mb > 1 and self.incoming is None:
-            self.incoming = torch.zeros_like(self.grad_shard)
-        at = self.map.shard_offsets(self.group.rank)
         root = self.units[-1]
         trace = self.tracer
         for k, mb in enumerate(microbatches):
-            target = self.grad_shard if k == 0 else self.incoming
-            self._target = [target[a:b] for a, b in zip(at, at[1:])]
+            self._accumulate = k > 0          # later micro-batches add to the first's parts
             self._order = [u for u in reversed(self.units[:-1])] + [root]
             self._next = 0
             for u in self.units:
@@ -300,9 +289,7 @@ class Zero3(DataParallel):
                 if u.pending is not None:
                     self._use(u)
                 self._release(u)
-            if k:
-                self.grad_shard.add_(self.incoming)
-        for m, g in zip(self.masters, (self.grad_shard[a:b] for a, b in zip(at, at[1:]))):
+        for m, g in zip(self.masters, self._grad_parts):
             m.grad = g
         with trace.span("optimizer", "compute"):
             self.optimizer.step()
@@ -315,8 +302,7 @@ class Zero3(DataParallel):
                                                        "units": len(self.units)})
 
     def memory(self) -> dict:
-        grads = [self.grad_shard] + ([self.incoming] if self.incoming is not None else [])
-        return {"params": [self.shard], "grads": grads, "optimizer": self.optimizer}
+        return {"params": [self.shard], "grads": [self.grad_shard], "optimizer": self.optimizer}
 
     def full_parameters(self) -> None:
         """Gather every unit and leave the model whole, with hooks removed (for evaluation
@@ -357,12 +343,3 @@ class Zero3(DataParallel):
         self.model.load_state_dict(state["buffers"], strict=False)
         self.optimizer.load_state_dict(state["optimizer"])
 
-
-class _Copy:
-    """A waitable that copies the inner handle's result into `out` when it completes."""
-
-    def __init__(self, handle, out: torch.Tensor):
-        self._handle, self._out = handle, out
-
-    def wait(self):
-        return self._out.copy_(self._handle.wait())

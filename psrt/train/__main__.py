@@ -35,6 +35,8 @@ def main(argv=None) -> int:
               f"rank{'s' * (world.size != 1)}, "
               f"{cfg.optimizer} lr {cfg.lr:g}")
         print(report.summary_table(rows))
+        if "mem_states" in rows[0]:
+            print("\n" + report.memory_block(rows, cfg.optimizer))
         if "link" in rows[0]:
             print("\n" + prediction.describe(rows))
         for row in rows:

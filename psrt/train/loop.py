@@ -16,7 +16,7 @@ import time
 import torch
 
 import psrt
-from psrt.dp import STRATEGIES, strategy_class
+from psrt.dp import STRATEGIES, memory, strategy_class
 from psrt.dp.base import option_names
 from psrt.dp.common import optimizer_factory, optimizer_state_bytes
 from psrt.dp.driver import Driver
@@ -135,6 +135,7 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
                 progress.update(step + 1 - start, f"loss {stats.loss:.4f}")
             if step + 1 in saves:
                 checkpoint.save(ckpt_path, ctl, strategy, step + 1, sampler.steps_per_epoch, config)
+        held = strategy.memory()                     # as the last step left it
         strategy.finish()
     else:
         # A dedicated server serves up to each checkpoint, joins it, and serves on.
@@ -144,14 +145,18 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
             checkpoint.save(ckpt_path, ctl, strategy, at, sampler.steps_per_epoch, config)
             done = at
         strategy.serve()
+        held = strategy.memory()
         strategy.finish()
     wall = time.perf_counter() - t0
     if cfg.checkpoint:
         checkpoint.save(ckpt_path, ctl, strategy, total, sampler.steps_per_epoch, config)
     test_loss, test_acc = evaluate(model, dataset, loss=criterion) if strategy.is_worker else (None, None)
+    if strategy.is_worker:
+        first = sampler.microbatches(0)[0]
+        held["activations"] = activations(model, lambda: loss_fn((x_all[first], y_all[first])))
     mine = {"worker": strategy.is_worker, "compute_s": totals.compute_s, "comm_s": totals.comm_s,
             "bytes": strategy.bytes_sent, "opt": strategy.optimizer_state_bytes(), "steps": totals.steps,
-            "loss": totals.loss, "test_loss": test_loss, "test_acc": test_acc, "wall": wall}
+            "loss": totals.loss, "test_loss": test_loss, "test_acc": test_acc, "wall": wall, "held": held}
     everyone = ctl.gather(mine, root=lead)
     group.close()
     row = None
@@ -160,7 +165,44 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
             checkpoint.atomic_save(model.state_dict(), cfg.path_for(cfg.save, dp))
         row = summarize(dp, everyone, mine, cfg.batch_size)
         row["grad_bytes"] = wire_gradient_bytes(model, cfg, dp)
+        row.update(memory_row(dp, everyone, model, cfg))
     metrics.close()
+    return row
+
+
+def activations(model, forward) -> int:
+    """Bytes autograd keeps for backward over one micro-batch's forward (psrt.dp.memory), the
+    model's buffers and the random state left as they were."""
+    buffers = {k: b.clone() for k, b in model.named_buffers()}
+    rng = torch.get_rng_state()
+    try:
+        return memory.activation_bytes(forward, exclude=list(model.parameters()))
+    finally:
+        torch.set_rng_state(rng)
+        with torch.no_grad():
+            for k, b in model.named_buffers():
+                b.copy_(buffers[k])
+
+
+def memory_row(dp: str, everyone: list[dict], model, cfg: TrainConfig) -> dict:
+    """The ledger's columns: the most any rank holds of each part, the activations of one
+    micro-batch, and ZeRO's formula for the model states (psrt.dp.memory)."""
+    most = {part: max(r["held"][part] for r in everyone) for part in memory.PARTS + ("buffers",)}
+    phi = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    k = memory.state_bytes_per_param(cfg.optimizer, cfg.momentum)
+    d = next(model.parameters()).element_size()
+    expect = memory.formula(dp, phi, sum(r["worker"] for r in everyone), k, d)
+    row = {f"mem_{part}": v for part, v in most.items()}
+    row["mem_states"] = max(sum(r["held"][part] for part in memory.PARTS) for r in everyone)
+    row["mem_activations"] = max(r["held"].get("activations", 0) for r in everyone)
+    row["params"] = phi
+    if expect is not None:
+        row["formula_states"] = sum(expect.values())
+    if cfg.model == "transformer":
+        blocks = model.blocks
+        row["formula_activations"] = memory.transformer_activations(
+            cfg.seq_len, cfg.batch_size // max(1, sum(r["worker"] for r in everyone)) // cfg.accum,
+            blocks[0].ln1.normalized_shape[0], len(blocks), model.head.out.out_features, d)
     return row
 
 

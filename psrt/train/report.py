@@ -127,6 +127,27 @@ sent/rank: bytes a worker put on the wire, mean over workers; max sent: the busi
 opt state/rank: bytes of optimizer-state tensors on the rank holding the most"""
 
 
+MEMORY_COLUMNS = [("dp", "strategy", ""), ("mem_params", "params", "bytes"), ("mem_grads", "grads", "bytes"),
+                  ("mem_optimizer", "optimizer", "bytes"), ("mem_states", "model states", "bytes"),
+                  ("formula_states", "formula", "bytes"), ("vs_formula", "vs formula", "+.1%"),
+                  ("mem_buffers", "comm buffers", "bytes"), ("mem_activations", "activations/micro-batch", "bytes"),
+                  ("formula_activations", "formula", "bytes")]
+
+
+def memory_block(rows: list[dict], optimizer: str) -> str:
+    """The memory ledger under the summary: what the rank holding the most keeps of each
+    model state after the last step, measured, beside ZeRO's formula, and the activations
+    one micro-batch's forward keeps for backward (psrt.dp.memory)."""
+    for r in rows:
+        if r.get("formula_states"):
+            r["vs_formula"] = r["mem_states"] / r["formula_states"] - 1
+    phi = rows[0]["params"]
+    return (f"memory per rank, measured after the last step; formula: ZeRO's (Rajbhandari et al., SC 2020) for "
+            f"Phi = {phi:,} parameters, {optimizer} (16 Phi ddp, 8 Phi + 8 Phi/N zero1, 4 Phi + 12 Phi/N zero2, "
+            f"16 Phi/N zero3 with fp32 Adam); activations: Korthikanti et al. (2022) adapted to psrt's transformer "
+            f"(16 sbh elements per block)\n" + format_table(rows, MEMORY_COLUMNS))
+
+
 def moe_block(row: dict) -> str:
     """What the experts did in a --model moe run: tokens routed to each expert per step (the
     load balance), the share dropped over capacity, and the all-to-all bytes per rank beside

@@ -1,6 +1,7 @@
-"""--dp ring, native, torch and zero on N = 1, 2, 3, 4 ranks leave the same parameters after k
-steps as one process on the whole global batch (tests/mpi/ranks/dp_equivalence.py; one launch of
-4 ranks runs every size on sub-communicators).
+"""--dp ring, native, torch and zero1/2/3 on N = 1, 2, 3, 4 ranks leave the same parameters after
+k steps as one process on the whole global batch (tests/mpi/ranks/dp_equivalence.py; one launch
+of 4 ranks runs every size on sub-communicators), with SGD and, for the sharded ones, Adam.  The
+test model has 553 parameters in 4 layers, so no N above 1 divides every unit evenly.
 
 Tolerance (fp32): the runs differ from the reference only in the order in which per-sample
 gradients are summed (per worker and per micro-batch means, then averaged over ranks, by
@@ -24,7 +25,8 @@ from collections import defaultdict
 import pytest
 from conftest import MPI_SCRIPTS, ROOT, RankRun, mpirun_argv
 
-STRATEGIES = ("ring", "native", "torch", "zero")
+STRATEGIES = ("ring", "native", "torch", "zero", "zero2", "zero3")
+SHARDED = ("zero1", "zero2", "zero3")
 SIZES = (1, 2, 3, 4)
 
 
@@ -57,10 +59,30 @@ def test_n_ranks_equal_one_process(fp32_records, dp, n):
         assert r["loss_ok"], (r["losses"], r["ref_losses"])
 
 
+@pytest.fixture(scope="module")
+def adam_records():
+    recs = launch(4, "--dp", ",".join(SHARDED), "--sizes", "1,2,3,4", "--accum", "2", "--unused",
+                  "--optimizer", "adam", "--lr", "0.01", "--steps", "3")
+    by = defaultdict(list)
+    for r in recs:
+        by[(r["dp"], r["size"])].append(r)
+    return by
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dp", SHARDED)
+def test_sharded_with_adam_equal_one_process(adam_records, dp, n):
+    recs = adam_records[(dp, n)]
+    assert len(recs) == n, f"expected one record per rank, got {recs}"
+    for r in recs:
+        assert r["ok"] and r["loss_ok"], r
+
+
 @pytest.mark.mpi
 def test_fp16_gradients_on_three_ranks():
-    recs = launch(3, "--dp", "ring,zero", "--optimizer", "sgd", "--momentum", "0",
-                  "--compress", "fp16", "--rtol", "0", "--atol", "1e-3")
-    assert {r["dp"] for r in recs} == {"ring", "zero"} and len(recs) == 6
+    recs = launch(3, "--dp", "ring,zero,zero2,zero3", "--optimizer", "sgd", "--momentum", "0",
+                  "--compress", "fp16", "--rtol", "0", "--atol", "1e-3", "--accum", "2")
+    assert {r["dp"] for r in recs} == {"ring", "zero", "zero2", "zero3"} and len(recs) == 12
     for r in recs:
         assert r["ok"], r

@@ -130,6 +130,14 @@ class Driver:
     def optimizer_state_bytes(self) -> int:
         return self.strategy.optimizer_state_bytes()
 
+    @property
+    def reshardable(self) -> bool:
+        """Whether a checkpoint of another world size can be loaded (zero1/2/3)."""
+        return getattr(self.strategy, "reshardable", False)
+
+    def load_resharded(self, states: list[dict]) -> None:
+        self.strategy.load_resharded(states)
+
     def memory(self) -> dict[str, int]:
         """Bytes this rank holds now: params, grads, optimizer, buffers (psrt.dp.memory)."""
         from psrt.dp import memory

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from psrt.collectives.layout import even_counts, offsets
 
 
@@ -69,3 +71,32 @@ class ShardMap:
         if len(self.units) != 1:
             raise ValueError("ranges() describes a map of one unit")
         return [self.units[0].part(o) for o in range(self.owners)]
+
+
+def assemble(smap: ShardMap, parts: list[list]) -> torch.Tensor:
+    """The whole flat vector from every owner's parts (parts[owner][unit], 1-D tensors)."""
+    first = next(t for owner in parts for t in owner)
+    flat = torch.zeros(smap.numel, dtype=first.dtype)
+    for owner, mine in enumerate(parts):
+        for (lo, hi), t in zip(smap.owned(owner), mine):
+            flat[lo:hi] = t.reshape(-1)
+    return flat
+
+
+def reshard_optimizer(states: list[dict], old: ShardMap, new: ShardMap, owner: int) -> dict:
+    """`owner`'s optimizer state_dict under map `new`, from every old owner's state_dict under
+    `old` (one optimizer parameter per unit part, as zero1/2/3 build them).  A state tensor
+    with one value per element is reassembled and cut again; a scalar (Adam's step count)
+    is the same in every part and is copied."""
+    per_unit = [[s["state"].get(j, s["state"].get(str(j), {})) for j in range(len(old.units))] for s in states]
+    keys = {k for owner in per_unit for st in owner for k, v in st.items() if torch.is_tensor(v) and v.dim()}
+    scalars = next((st for owner in per_unit for st in owner if st), {})
+    full = {k: assemble(old, [[st[k] for st in owner] for owner in per_unit]) for k in keys}
+    state = {}
+    if scalars:
+        for i, (lo, hi) in enumerate(new.owned(owner)):
+            entry = {k: v.clone() for k, v in scalars.items() if k not in keys}
+            entry.update((k, full[k][lo:hi].clone()) for k in keys)
+            state[i] = entry
+    groups = [dict(g, params=list(range(len(new.units)))) for g in states[0]["param_groups"]]
+    return {"state": state, "param_groups": groups}

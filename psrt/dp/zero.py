@@ -31,7 +31,7 @@ from psrt.collectives import ALGORITHMS
 from psrt.collectives.cost import wire_bytes
 from psrt.dp.base import DataParallel, StepStats
 from psrt.dp.common import COMPRESS, broadcast_model, check_compress, flatten, join_torch
-from psrt.dp.shards import ShardMap
+from psrt.dp.shards import ShardMap, reshard_optimizer
 from psrt.errors import PsrtError
 
 @dataclass(frozen=True)
@@ -182,7 +182,21 @@ class ZeroOptimizer(DataParallel):
 
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "shard": [self.group.rank, self.group.size, self.shard]}
+                "shard": [self.group.rank, self.group.size, self.shard],
+                "units": [u.numel for u in self.map.units]}
+
+    reshardable = True
+
+    def load_resharded(self, states: list[dict]) -> None:
+        """Resume from the states of a run on another number of ranks: the parameters are
+        whole in every state; the optimizer's parts are reassembled and cut for this map."""
+        old = ShardMap(states[0]["units"], len(states))
+        if old.numel != self.total:
+            raise PsrtError(f"--resume: the checkpoint's {self.name} state covers {old.numel} parameters, "
+                            f"this model has {self.total}", everywhere=True)
+        self.model.load_state_dict(states[0]["model"])
+        self.optimizer.load_state_dict(reshard_optimizer([s["optimizer"] for s in states], old, self.map,
+                                                         self.group.rank))
 
     def load_state_dict(self, state: dict) -> None:
         rank, size, shard = state["shard"]

@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_flatten
 from psrt.collectives.cost import wire_bytes
 from psrt.dp.base import DataParallel, StepStats
 from psrt.dp.common import COMPRESS, broadcast_model, flatten, join_torch
-from psrt.dp.shards import ShardMap
+from psrt.dp.shards import ShardMap, assemble, reshard_optimizer
 from psrt.dp.zero import ZeroOptions, check_algorithm, reduce_scatter_into, trainable
 from psrt.errors import PsrtError
 
@@ -330,7 +330,27 @@ class Zero3(DataParallel):
     def state_dict(self) -> dict:
         buffers = {k: v.clone() for k, v in self.model.named_buffers()}
         return {"buffers": buffers, "optimizer": self.optimizer.state_dict(), "shard": self.shard.clone(),
-                "map": [self.group.rank, self.group.size, self.shard.numel()]}
+                "map": [self.group.rank, self.group.size, self.shard.numel()],
+                "units": [u.numel for u in self.units]}
+
+    reshardable = True
+
+    def load_resharded(self, states: list[dict]) -> None:
+        """Resume from the states of a run on another number of ranks: every old rank's parts
+        of the parameters and of the optimizer state are reassembled and cut for this map."""
+        old = ShardMap(states[0]["units"], len(states))
+        if old.units and [u.numel for u in old.units] != [u.numel for u in self.map.units]:
+            raise PsrtError("--resume: the checkpoint's zero3 units do not match this model's", everywhere=True)
+        parts = []
+        for q, st in enumerate(states):
+            at = old.shard_offsets(q)
+            parts.append([st["shard"][a:b] for a, b in zip(at, at[1:])])
+        flat = assemble(old, parts)
+        with torch.no_grad():
+            self.shard.copy_(torch.cat([flat[lo:hi] for lo, hi in self.map.owned(self.group.rank)]))
+        self.model.load_state_dict(states[0]["buffers"], strict=False)
+        self.optimizer.load_state_dict(reshard_optimizer([s["optimizer"] for s in states], old, self.map,
+                                                         self.group.rank))
 
     def load_state_dict(self, state: dict) -> None:
         rank, size, shard = state["map"]

@@ -84,14 +84,21 @@ def load(path: str, ctl, strategy, config: dict) -> int:
     if ctl.rank == 0:
         try:
             payload = torch.load(path, map_location="cpu", weights_only=True)
-            error = _check(payload, path, ctl.size, config)
+            error = _check(payload, path, ctl.size, config, getattr(strategy, "reshardable", False))
         except FileNotFoundError:
             error = f"--resume: no checkpoint at {path} (--checkpoint)"
         except Exception as err:  # noqa: BLE001 - a corrupt file must be one clear line
             error = f"--resume: {path} is not a readable psrt checkpoint ({type(err).__name__}: {err})"
     _agree(ctl, error)
-    mine = ctl.scatter(payload["ranks"] if ctl.rank == 0 else None, root=0)
     step = ctl.bcast(payload["step"] if ctl.rank == 0 else None, root=0)
+    if ctl.bcast(payload["world_size"] if ctl.rank == 0 else None, root=0) != ctl.size:
+        # A sharded state on another number of ranks: every rank reads every part and takes
+        # its own under this run's ownership map (reshard on load).
+        states = ctl.bcast(payload["ranks"] if ctl.rank == 0 else None, root=0)
+        strategy.load_resharded([s["strategy"] for s in states])
+        torch.set_rng_state(states[min(ctl.rank, len(states) - 1)]["rng"])
+        return step
+    mine = ctl.scatter(payload["ranks"] if ctl.rank == 0 else None, root=0)
     if mine["worker_rank"] != strategy.worker_rank:
         raise PsrtError(f"--resume: rank {ctl.rank} was worker {mine['worker_rank']} in the checkpoint "
                         f"but is {strategy.worker_rank} now (same --dp and --servers needed)")
@@ -100,10 +107,10 @@ def load(path: str, ctl, strategy, config: dict) -> int:
     return step
 
 
-def _check(payload, path: str, size: int, config: dict) -> str | None:
+def _check(payload, path: str, size: int, config: dict, reshardable: bool = False) -> str | None:
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         return f"--resume: {path} is not a psrt checkpoint"
-    if payload["world_size"] != size:
+    if payload["world_size"] != size and not reshardable:
         return (f"--resume: {path} was written by {payload['world_size']} ranks, this job has "
                 f"{size}: resume with mpirun -np {payload['world_size']}")
     saved = payload["config"]

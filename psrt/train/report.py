@@ -142,10 +142,12 @@ def memory_block(rows: list[dict], optimizer: str) -> str:
         if r.get("formula_states"):
             r["vs_formula"] = r["mem_states"] / r["formula_states"] - 1
     phi = rows[0]["params"]
+    columns = MEMORY_COLUMNS if any("formula_activations" in r for r in rows) else MEMORY_COLUMNS[:-1]
+    acts = ("; activations: Korthikanti et al. (2022) adapted to psrt's transformer (16 sbh elements per block)"
+            if columns is MEMORY_COLUMNS else "")
     return (f"memory per rank, measured after the last step; formula: ZeRO's (Rajbhandari et al., SC 2020) for "
             f"Phi = {phi:,} parameters, {optimizer} (16 Phi ddp, 8 Phi + 8 Phi/N zero1, 4 Phi + 12 Phi/N zero2, "
-            f"16 Phi/N zero3 with fp32 Adam); activations: Korthikanti et al. (2022) adapted to psrt's transformer "
-            f"(16 sbh elements per block)\n" + format_table(rows, MEMORY_COLUMNS))
+            f"16 Phi/N zero3 with fp32 Adam){acts}\n" + format_table(rows, columns))
 
 
 def moe_block(row: dict) -> str:

@@ -128,6 +128,7 @@ def test_own_model_and_data_train_with_two_strategies(tmp_path):
                 "--save", str(tmp_path / "final.pt")).check()
     assert f"{USER}:build_model on {USER}:build_dataset: global batch 66, 3 ranks" in run.stdout
     table, _, model = run.stdout.partition("alpha-beta model (ping-pong rank 0")
+    table = table.partition("memory per rank")[0]
     rows = {line.split()[0]: line.split() for line in table.splitlines() if line.split()[:1] in (["ps"], ["ring"])}
     assert rows["ps"][1:3] == ["2", "4"] and rows["ring"][1:3] == ["3", "4"], run.stdout
     # Two strategies compared: the alpha-beta prediction, regime and crossover follow the table.

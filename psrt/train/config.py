@@ -72,6 +72,8 @@ class TrainConfig:
     width: int = opt(0, "hidden units (mlp), 8 x channels (cnn) or model dimension (transformer); "
                      "0: the model's default (128, 128, 64)", "model", metavar="N")
     layers: int = opt(0, "hidden layers (mlp) or blocks (transformer); 0: default (1, 2)", "model", metavar="N")
+    recompute: bool = opt(False, "activation recomputation: keep only each transformer block's input and "
+                          "run the block again in backward (transformer, moe)", "model")
     seq_len: int = opt(64, "characters per training window (--data text)", "model", metavar="N")
     experts: int = opt(0, "experts per MoE layer (--model moe; 0: 4)", "model", metavar="E")
     top_k: int = opt(1, "experts per token (--model moe): 1 (Switch) or 2 (GShard)", "model", metavar="K")
@@ -155,6 +157,12 @@ class TrainConfig:
             raise PsrtError(f"--model {self.model} cannot train on --data {self.data}: the transformers "
                             "(transformer, moe) need --data text, and text needs one of them", everywhere=True)
         self.check_moe(own)
+        if self.recompute and self.model not in ("transformer", "moe"):
+            raise PsrtError(f"--recompute recomputes transformer blocks; --model {self.model} has none "
+                            "(use --model transformer or moe)", everywhere=True)
+        if self.recompute and self.tp != 1:
+            raise PsrtError("--recompute is not available with --tp: the tensor-parallel blocks keep "
+                            "their activations", everywhere=True)
         if self.pp * self.tp != 1 and self.model != "transformer":
             raise PsrtError(f"--pp {self.pp} --tp {self.tp}: model parallelism splits the transformer; "
                             f"use --model transformer (got --model {self.model})", everywhere=True)

@@ -123,7 +123,7 @@ def _tensors(name: str, part, which: str) -> tuple[torch.Tensor, torch.Tensor]:
 def make_model(cfg: TrainConfig, dataset: data.Dataset) -> torch.nn.Module:
     """psrt's model --model names, or the one `module:callable` builds."""
     if not is_import_path(cfg.model):
-        return models.build_model(cfg.model, dataset, cfg.width, cfg.layers)
+        return models.build_model(cfg.model, dataset, cfg.width, cfg.layers, cfg.recompute)
     build = resolve("--model", cfg.model)
     try:
         inspect.signature(build).bind(dataset)

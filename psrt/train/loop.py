@@ -202,7 +202,7 @@ def memory_row(dp: str, everyone: list[dict], model, cfg: TrainConfig) -> dict:
         blocks = model.blocks
         row["formula_activations"] = memory.transformer_activations(
             cfg.seq_len, cfg.batch_size // max(1, sum(r["worker"] for r in everyone)) // cfg.accum,
-            blocks[0].ln1.normalized_shape[0], len(blocks), model.head.out.out_features, d)
+            blocks[0].ln1.normalized_shape[0], len(blocks), model.head.out.out_features, d, cfg.recompute)
     return row
 
 
@@ -289,7 +289,7 @@ def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer 
     check_hybrid(cfg, dp)
     grid = Grid.build(world.comm, pp=cfg.pp, tp=cfg.tp)
     torch.manual_seed(cfg.seed)
-    model = build_model("transformer", dataset, cfg.width, cfg.layers)
+    model = build_model("transformer", dataset, cfg.width, cfg.layers, cfg.recompute)
     hcfg = HybridConfig.for_model(model, schedule="1f1b", microbatches=cfg.accum,
                                   dp_algorithm=cfg.algorithm or HYBRID_DP[dp])
     trainer = HybridTrainer(grid, hcfg, dense=model, make_optimizer=make_optimizer(cfg), tracer=tracer)
@@ -349,7 +349,7 @@ def train_moe(cfg: TrainConfig, dp: str, world, ctl, dataset) -> dict | None:
     from psrt.train.config import MOE_DP
     grid = Grid.build(world.comm, ep=cfg.ep)
     torch.manual_seed(cfg.seed)
-    model = build_model("moe", dataset, cfg.width, cfg.layers, **moe_options(cfg))
+    model = build_model("moe", dataset, cfg.width, cfg.layers, cfg.recompute, **moe_options(cfg))
     for layer in moe_layers(model):
         layer.shard(grid.ep_group, grid.dp_group, algorithm="pairwise")
     trainer = MoETrainer(model, make_optimizer(cfg), grid, algorithm=MOE_DP[dp])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 from torch import nn
 
 from psrt.errors import PsrtError
@@ -57,8 +58,9 @@ class CNN(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block (GPT-2 shape): x + attn(ln(x)), then x + mlp(ln(x))."""
 
-    def __init__(self, dim: int, heads: int):
+    def __init__(self, dim: int, heads: int, recompute: bool = False):
         super().__init__()
+        self.recompute = recompute
         if dim % heads:
             raise PsrtError(f"--width {dim} must divide by the {heads} attention heads", everywhere=True)
         self.heads = heads
@@ -69,6 +71,16 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recompute and torch.is_grad_enabled():
+            # Activation recomputation (Chen et al., "Training Deep Nets with Sublinear Memory
+            # Cost", 2016): keep only the block's input and run the block again in backward.
+            # The reentrant form saves that input through autograd, where the memory ledger's
+            # saved-tensor hooks count it; the block has no randomness, so the recomputed
+            # values are bit for bit the first ones.
+            return checkpoint(self._forward, x, use_reentrant=True)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
@@ -106,11 +118,11 @@ class TransformerLM(nn.Module):
     """Causal character-level language model: `embed` -> `blocks` -> `head`."""
 
     def __init__(self, vocab: int = 256, dim: int = 64, layers: int = 2, heads: int = 4,
-                 max_len: int = 64):
+                 max_len: int = 64, recompute: bool = False):
         super().__init__()
         self.max_len = max_len
         self.embed = Embedding(vocab, dim, max_len)
-        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(dim, heads, recompute) for _ in range(layers))
         self.head = Head(vocab, dim)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
@@ -120,16 +132,18 @@ class TransformerLM(nn.Module):
         return self.head(h)
 
 
-def build_model(name: str, dataset, width: int = 0, layers: int = 0, **moe) -> nn.Module:
+def build_model(name: str, dataset, width: int = 0, layers: int = 0, recompute: bool = False,
+                **moe) -> nn.Module:
     """The model `name` shaped for `dataset` (a psrt.train.data.Dataset).
 
     width: hidden units (mlp), channels x 8 (cnn) or model dimension (transformer, moe);
     layers: hidden layers (mlp) or blocks (transformer, moe).  0 picks the model's default.
+    recompute: recompute each transformer block in backward instead of keeping its activations.
     moe: for "moe", the MoELayer's keywords (experts, top_k, capacity_factor, aux_alpha,
     dispatch): the transformer with every block's MLP a mixture of experts of the same shape.
     """
     if name == "moe":
-        model = build_model("transformer", dataset, width, layers)
+        model = build_model("transformer", dataset, width, layers, recompute)
         for block in model.blocks:
             dim = block.ln2.normalized_shape[0]
             block.mlp = MoELayer(dim, 4 * dim, **moe)
@@ -150,7 +164,7 @@ def build_model(name: str, dataset, width: int = 0, layers: int = 0, **moe) -> n
             raise PsrtError(f"--model transformer is a language model; use --data text "
                             f"(got --data {dataset.name})", everywhere=True)
         return TransformerLM(vocab=dataset.classes, dim=width or 64, layers=layers or 2,
-                             max_len=dataset.input_shape[0])
+                             max_len=dataset.input_shape[0], recompute=recompute)
     raise PsrtError(f"--model {name!r}: choose one of {', '.join(MODELS)}", everywhere=True)
 
 

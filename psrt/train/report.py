@@ -143,7 +143,7 @@ def memory_block(rows: list[dict], optimizer: str) -> str:
             r["vs_formula"] = r["mem_states"] / r["formula_states"] - 1
     phi = rows[0]["params"]
     columns = MEMORY_COLUMNS if any("formula_activations" in r for r in rows) else MEMORY_COLUMNS[:-1]
-    acts = ("; activations: Korthikanti et al. (2022) adapted to psrt's transformer (16 sbh elements per block)"
+    acts = ("; activations: Korthikanti et al. (2022) adapted to psrt's transformer (16 sbh elements per block, 1 with --recompute)"
             if columns is MEMORY_COLUMNS else "")
     return (f"memory per rank, measured after the last step; formula: ZeRO's (Rajbhandari et al., SC 2020) for "
             f"Phi = {phi:,} parameters, {optimizer} (16 Phi ddp, 8 Phi + 8 Phi/N zero1, 4 Phi + 12 Phi/N zero2, "

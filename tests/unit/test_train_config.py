@@ -56,6 +56,8 @@ def test_comma_list_of_strategies():
     (["--compress", "int8"], "--compress: invalid choice"),
     (["--model", "mlp", "--data", "text"], "--model mlp cannot train on --data text"),
     (["--resume"], "--resume needs --checkpoint"),
+    (["--recompute"], "--recompute recomputes transformer blocks; --model mlp has none"),
+    (["--recompute", "--model", "transformer", "--tp", "2"], "--recompute is not available with --tp"),
     (["--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint"),
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
 ])

@@ -7,6 +7,7 @@
     ./mpi_launch -np 4 python -m psrt.bench training    # step time of every --dp strategy
     python -m psrt.bench c10d --np 2,4            # torch DDP/FSDP2 on psrt vs gloo vs psrt's ring
     ./mpi_launch -np 2 python -m psrt.bench horovod     # where Horovod's all-reduce time goes
+    ./mpi_launch -np 4 python -m psrt.bench memory      # ZeRO's memory table; zero3 vs FSDP2 step
     ./mpi_launch -np 4 python -m psrt.bench moe         # MoE all-to-all vs model; dense vs MoE step
     ./mpi_launch -np 4 python -m psrt.bench pipeline    # pipeline bubble, activations, TP bytes
     ./mpi_launch -np 2 python -m psrt.bench pingpong    # one-way time and the alpha-beta fit
@@ -25,7 +26,7 @@ import sys
 
 from psrt.errors import ArgumentParser, cli_main
 
-COMMANDS = ("demo", "suite", "collectives", "training", "c10d", "horovod", "moe", "pipeline", "pingpong", "network", "oversubscription", "tune")
+COMMANDS = ("demo", "suite", "collectives", "training", "c10d", "horovod", "memory", "moe", "pipeline", "pingpong", "network", "oversubscription", "tune")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -127,6 +127,8 @@ def fast(command: str) -> str:
         words = _set(words, "--epochs", "1")
     elif "psrt.bench pipeline" in text:
         words = _set(_set(words, "--microbatches", "4"), "--t-forward", "0.005")
+    elif "psrt.bench memory" in text:
+        words = _set(_set(_set(words, "--width", "64"), "--layers", "1"), "--steps", "2")
     elif "psrt.bench pingpong" in text:
         words = _set(_set(words, "--max-size", "64KiB"), "--repeats", "1")
     return shlex.join(words)

@@ -134,3 +134,20 @@ def test_recompute_changes_no_bit_and_keeps_one_input_per_block(tmp_path):
         for row in (full, less):
             assert row["mem_activations"] == pytest.approx(row["formula_activations"], rel=0.10)
         assert less["mem_activations"] < 0.25 * full["mem_activations"]
+
+
+def test_bench_memory_reproduces_zeros_table(tmp_path):
+    """bench memory: every row's model states equal the formula within 10%, in ZeRO's order
+    (one device > zero1 > zero2 > zero3 = FSDP2), with a step time beside FSDP2's."""
+    from conftest import launch_ranks
+    out = tmp_path / "memory.json"
+    launch_ranks(2, "-m", "psrt.bench", "memory", "--width", "64", "--layers", "2", "--steps", "2",
+                 "--quiet", "--json", str(out), timeout=240).check()
+    rows = {r["strategy"].split()[0]: r for r in json.loads(out.read_text())["rows"]}
+    assert list(rows) == ["ring", "zero1", "zero2", "zero3", "fsdp2"]
+    for r in rows.values():
+        assert r["states"] == pytest.approx(r["formula"], rel=0.10), r
+        assert r["step_s"] > 0 and r["vs_fsdp2"] > 0
+    states = [rows[k]["states"] for k in ("ring", "zero1", "zero2", "zero3")]
+    assert states == sorted(states, reverse=True)
+    assert rows["zero3"]["states"] == pytest.approx(rows["fsdp2"]["states"], rel=0.02)

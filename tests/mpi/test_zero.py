@@ -151,3 +151,15 @@ def test_bench_memory_reproduces_zeros_table(tmp_path):
     states = [rows[k]["states"] for k in ("ring", "zero1", "zero2", "zero3")]
     assert states == sorted(states, reverse=True)
     assert rows["zero3"]["states"] == pytest.approx(rows["fsdp2"]["states"], rel=0.02)
+
+
+def test_recompute_under_a_pipeline_changes_no_loss(tmp_path):
+    from conftest import launch_ranks
+    losses = {}
+    for flag in ("", "--recompute"):
+        metrics = tmp_path / f"pp{flag}.jsonl"
+        launch_ranks(2, "-m", "psrt.train", "--pp", "2", "--model", "transformer", "--steps", "3", "--accum", "2",
+                     "--quiet", "--metrics", str(metrics), *([flag] if flag else [])).check()
+        losses[flag] = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()
+                        if not json.loads(line).get("summary")]
+    assert len(losses[""]) == 3 and losses[""] == losses["--recompute"]

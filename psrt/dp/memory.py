@@ -61,7 +61,7 @@ def held(strategy) -> dict[str, int]:
     out = {}
     for name in PARTS + ("buffers",):
         value = parts.get(name) or []
-        tensors = optimizer_tensors(value) if isinstance(value, torch.optim.Optimizer) else list(value)
+        tensors = optimizer_tensors(value) if hasattr(value, "state") else list(value)
         mine = {k: v for k, v in _storages(tensors).items() if k not in seen}
         seen.update(mine)
         out[name] = sum(mine.values())

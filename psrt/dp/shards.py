@@ -87,7 +87,11 @@ def reshard_optimizer(states: list[dict], old: ShardMap, new: ShardMap, owner: i
     """`owner`'s optimizer state_dict under map `new`, from every old owner's state_dict under
     `old` (one optimizer parameter per unit part, as zero1/2/3 build them).  A state tensor
     with one value per element is reassembled and cut again; a scalar (Adam's step count)
-    is the same in every part and is copied."""
+    is the same in every part and is copied.  A loss-scaled optimizer's state (psrt.dp.precision)
+    carries the scaler beside it, which is the same on every rank."""
+    if "scaler" in states[0]:
+        return {"optimizer": reshard_optimizer([s["optimizer"] for s in states], old, new, owner),
+                "scaler": states[0]["scaler"]}
     per_unit = [[s["state"].get(j, s["state"].get(str(j), {})) for j in range(len(old.units))] for s in states]
     keys = {k for owner in per_unit for st in owner for k, v in st.items() if torch.is_tensor(v) and v.dim()}
     scalars = next((st for owner in per_unit for st in owner if st), {})

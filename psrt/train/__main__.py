@@ -40,6 +40,10 @@ def main(argv=None) -> int:
         if "link" in rows[0]:
             print("\n" + prediction.describe(rows))
         for row in rows:
+            if "loss_scale" in row:
+                print(f"{row['dp']}: fp16 loss scaling skipped {row['skipped_steps']} of {row['steps']} steps "
+                      f"(every rank the same ones); the scale is now {row['loss_scale']:g}")
+        for row in rows:
             if row.get("moe"):
                 print("\n" + report.moe_block(row))
         if not cfg.quiet:

@@ -92,6 +92,9 @@ class TrainConfig:
     lr: float | None = opt(None, "learning rate for the global batch, not scaled by the number of "
                            "ranks (default: 0.1 for sgd, 0.003 for adam)", "training", metavar="LR")
     optimizer: str = opt("sgd", "optimizer", "training", OPTIMIZERS)
+    precision: str = opt("fp32", "compute dtype: bf16 or fp16 run the forward under autocast with fp32 master "
+                         "weights; fp16 scales the loss dynamically (GradScaler's rules), every rank skipping "
+                         "the same overflowing steps", "training", ("fp32", "bf16", "fp16"))
     momentum: float = opt(0.9, "SGD momentum", "training", metavar="M")
     weight_decay: float = opt(0.0, "L2 weight decay", "training", metavar="WD")
     accum: int = opt(1, "micro-batches per step on each worker (gradient accumulation)", "training", metavar="K")
@@ -157,6 +160,9 @@ class TrainConfig:
             raise PsrtError(f"--model {self.model} cannot train on --data {self.data}: the transformers "
                             "(transformer, moe) need --data text, and text needs one of them", everywhere=True)
         self.check_moe(own)
+        if self.precision != "fp32" and (self.pp * self.tp != 1 or self.model == "moe"):
+            raise PsrtError(f"--precision {self.precision} trains data-parallel strategies; it is not available "
+                            "with --pp/--tp or --model moe yet", everywhere=True)
         if self.recompute and self.model not in ("transformer", "moe"):
             raise PsrtError(f"--recompute recomputes transformer blocks; --model {self.model} has none "
                             "(use --model transformer or moe)", everywhere=True)

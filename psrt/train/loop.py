@@ -16,7 +16,7 @@ import time
 import torch
 
 import psrt
-from psrt.dp import STRATEGIES, memory, strategy_class
+from psrt.dp import STRATEGIES, memory, precision, strategy_class
 from psrt.dp.base import option_names
 from psrt.dp.common import optimizer_factory, optimizer_state_bytes
 from psrt.dp.driver import Driver
@@ -37,8 +37,17 @@ def make_optimizer(cfg: TrainConfig):
 
 def strategy_options(cfg: TrainConfig, dp: str) -> dict:
     """The options strategy `dp` accepts, from the flags of the same name; those left unset
-    are left out so the strategy's own default holds."""
-    return {k: getattr(cfg, k) for k in option_names(strategy_class(dp)) if getattr(cfg, k, None) is not None}
+    are left out so the strategy's own default holds.  With --precision bf16 or fp16 and no
+    --compress, gradients travel in the compute dtype where the strategy offers it."""
+    cls = strategy_class(dp)
+    options = {k: getattr(cfg, k) for k in option_names(cls) if getattr(cfg, k, None) is not None}
+    if cfg.precision != "fp32" and "compress" in options and not cfg.given("compress"):
+        try:
+            cls.Options(compress=cfg.precision)
+            options["compress"] = cfg.precision
+        except PsrtError:
+            pass                       # a strategy without that wire dtype keeps its own
+    return options
 
 
 def check_strategies(cfg: TrainConfig) -> None:
@@ -48,6 +57,7 @@ def check_strategies(cfg: TrainConfig) -> None:
     hybrid = cfg.pp * cfg.tp != 1
     accepted = {"algorithm"} if hybrid else set()
     for dp in cfg.dp_list:
+        precision.check(cfg.precision, dp)
         if hybrid:
             check_hybrid(cfg, dp)
         else:
@@ -97,7 +107,10 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
     torch.manual_seed(cfg.seed)
     model = imported.make_model(cfg, dataset)
     criterion = imported.loss_of(cfg, dataset)
-    strategy = Driver(model, make_optimizer(cfg), dp, group, **strategy_options(cfg, dp))
+    compute_dtype = precision.DTYPES[cfg.precision]
+    scaler = precision.LossScaler(world.comm.Dup()) if cfg.precision == "fp16" else None
+    make_opt = precision.scaled_factory(make_optimizer(cfg), scaler) if scaler else make_optimizer(cfg)
+    strategy = Driver(model, make_opt, dp, group, **strategy_options(cfg, dp))
     roles = ctl.allgather(strategy.worker_rank)
     lead = roles.index(0)
     is_lead = ctl.rank == lead
@@ -111,7 +124,10 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
         print(f"psrt.train: resuming {dp} from {ckpt_path} at step {start}", file=sys.stderr, flush=True)
 
     def loss_fn(mb):
-        return loss_and_correct(model, mb, dataset.task, criterion)[0]
+        # Mixed precision: the forward in the compute dtype, the loss and master weights fp32.
+        with torch.autocast("cpu", dtype=compute_dtype or torch.float32, enabled=compute_dtype is not None):
+            loss = loss_and_correct(model, mb, dataset.task, criterion)[0].float()
+        return scaler(loss) if scaler else loss
 
     totals = strategy.totals
     metrics = report.Metrics(cfg.path_for(cfg.metrics, dp) if is_lead else None, append=cfg.resume)
@@ -131,7 +147,8 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
                 epoch, _ = sampler.position(step)
                 metrics.write({"dp": dp, "step": step + 1, "epoch": epoch, "loss": report.finite(stats.loss),
                                "compute_s": stats.compute_s, "comm_s": stats.comm_s,
-                               "bytes_sent": stats.bytes_sent, "time_s": time.perf_counter() - t0})
+                               "bytes_sent": stats.bytes_sent, "time_s": time.perf_counter() - t0,
+                               **({"loss_scale": scaler.scale} if scaler else {})})
                 progress.update(step + 1 - start, f"loss {stats.loss:.4f}")
             if step + 1 in saves:
                 checkpoint.save(ckpt_path, ctl, strategy, step + 1, sampler.steps_per_epoch, config)
@@ -159,6 +176,8 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
             "loss": totals.loss, "test_loss": test_loss, "test_acc": test_acc, "wall": wall, "held": held}
     everyone = ctl.gather(mine, root=lead)
     group.close()
+    if scaler:
+        scaler.comm.Free()
     row = None
     if is_lead:
         if cfg.save:
@@ -166,6 +185,8 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
         row = summarize(dp, everyone, mine, cfg.batch_size)
         row["grad_bytes"] = wire_gradient_bytes(model, cfg, dp)
         row.update(memory_row(dp, everyone, model, cfg))
+        if scaler:
+            row.update(loss_scale=scaler.scale, skipped_steps=scaler.skipped)
     metrics.close()
     return row
 
@@ -198,7 +219,7 @@ def memory_row(dp: str, everyone: list[dict], model, cfg: TrainConfig) -> dict:
     row["params"] = phi
     if expect is not None:
         row["formula_states"] = sum(expect.values())
-    if cfg.model == "transformer":
+    if cfg.model == "transformer" and cfg.precision == "fp32":     # the formula counts fp32 tensors
         blocks = model.blocks
         row["formula_activations"] = memory.transformer_activations(
             cfg.seq_len, cfg.batch_size // max(1, sum(r["worker"] for r in everyone)) // cfg.accum,

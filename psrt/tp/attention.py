@@ -30,28 +30,31 @@ class ParallelAttention(nn.Module):
     """Causal self-attention, heads/t heads per rank; input and output whole (b, s, dim)."""
 
     def __init__(self, dim: int, heads: int, group, qkv: ColumnParallelLinear | None = None,
-                 proj: RowParallelLinear | None = None):
+                 proj: RowParallelLinear | None = None, sequence_parallel: bool = False):
         super().__init__()
         if dim % heads or heads % group.size:
             raise PsrtError(f"attention: dim {dim} must divide by heads {heads}, and heads by "
                             f"the tensor-parallel size {group.size}")
         self.dim, self.heads, self.group = dim, heads, group
         self.local_heads = heads // group.size
-        self.qkv = qkv or ColumnParallelLinear(dim, 3 * dim, group)
-        self.proj = proj or RowParallelLinear(dim, dim, group)
+        self.qkv = qkv or ColumnParallelLinear(dim, 3 * dim, group, sequence_parallel=sequence_parallel)
+        self.proj = proj or RowParallelLinear(dim, dim, group, sequence_parallel=sequence_parallel)
 
     @classmethod
-    def from_dense(cls, qkv: nn.Linear, proj: nn.Linear, heads: int, group) -> "ParallelAttention":
+    def from_dense(cls, qkv: nn.Linear, proj: nn.Linear, heads: int, group,
+                   sequence_parallel: bool = False) -> "ParallelAttention":
         """From a dense fused QKV projection (rows q; k; v) and output projection."""
         dim = proj.out_features
         rows = head_rows(dim, heads, group.size, group.rank)
-        return cls(dim, heads, group, ColumnParallelLinear.from_dense(qkv, group, rows=rows),
-                   RowParallelLinear.from_dense(proj, group, cols=rows[:dim // group.size]))
+        sp = sequence_parallel
+        return cls(dim, heads, group, ColumnParallelLinear.from_dense(qkv, group, rows=rows, sequence_parallel=sp),
+                   RowParallelLinear.from_dense(proj, group, cols=rows[:dim // group.size], sequence_parallel=sp))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
         width = self.dim // self.group.size
-        q, k, v = self.qkv(x).split(width, dim=2)
+        y = self.qkv(x)                  # with sequence parallelism: the whole sequence now
+        b, s, _ = y.shape
+        q, k, v = y.split(width, dim=2)
         hd = self.dim // self.heads
         q, k, v = (z.view(b, s, self.local_heads, hd).transpose(1, 2) for z in (q, k, v))
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True)

@@ -19,7 +19,8 @@ from torch import nn
 
 from psrt.collectives.layout import shard_range
 from psrt.errors import PsrtError
-from psrt.tp.comm import copy_to_tp, gather_from_tp, reduce_from_tp, scatter_to_tp
+from psrt.tp.comm import (copy_to_tp, gather_from_tp, gather_seq, reduce_from_tp, reduce_scatter_seq,
+                          scatter_to_tp)
 
 
 def _take(t: torch.Tensor, index: torch.Tensor | None, dim: int, group) -> torch.Tensor:
@@ -38,12 +39,15 @@ class ColumnParallelLinear(nn.Module):
         group: psrt Communicator over the TP ranks.
         gather_output: all-gather the output slices (else each rank keeps its slice, the
             input a row-parallel layer expects).
+        sequence_parallel: the input is this rank's slice of the sequence, all-gathered here
+            (f-bar; psrt.tp.comm) instead of whole on every rank (f).
     """
 
     def __init__(self, in_features: int, out_features: int, group, bias: bool = True,
-                 gather_output: bool = False):
+                 gather_output: bool = False, sequence_parallel: bool = False):
         super().__init__()
         self.group, self.gather_output = group, gather_output
+        self.sequence_parallel = sequence_parallel
         self.in_features, self.out_features = in_features, out_features
         start, end = shard_range(out_features, group.size, group.rank)
         self.weight = nn.Parameter(torch.empty(end - start, in_features))
@@ -56,11 +60,11 @@ class ColumnParallelLinear(nn.Module):
 
     @classmethod
     def from_dense(cls, linear: nn.Linear, group, rows: torch.Tensor | None = None,
-                   gather_output: bool = False) -> "ColumnParallelLinear":
+                   gather_output: bool = False, sequence_parallel: bool = False) -> "ColumnParallelLinear":
         """This rank's output rows of `linear` (`rows`: explicit indices, e.g. a head's q/k/v)."""
         with torch.random.fork_rng(devices=[]):   # the throw-away init leaves the RNG alone
             layer = cls(linear.in_features, linear.out_features, group, linear.bias is not None,
-                        gather_output)
+                        gather_output, sequence_parallel)
         with torch.no_grad():
             w = _take(linear.weight, rows, 0, group)
             if w.shape != layer.weight.shape:
@@ -72,7 +76,11 @@ class ColumnParallelLinear(nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(copy_to_tp(x, self.group), self.weight, self.bias)
+        if self.sequence_parallel:
+            x = gather_seq(x, self.group)
+        else:
+            x = copy_to_tp(x, self.group)
+        y = F.linear(x, self.weight, self.bias)
         return gather_from_tp(y, self.group) if self.gather_output else y
 
 
@@ -82,12 +90,16 @@ class RowParallelLinear(nn.Module):
     Args:
         input_is_parallel: x is already this rank's slice of the last dimension (the output
             of a column-parallel layer); else the whole x is given and sliced here.
+        sequence_parallel: reduce-scatter the output along the sequence (g-bar) instead of
+            all-reducing it (g); the bias is then added to this rank's tokens only, so its
+            gradient is marked for reduce_sequence_parallel_grads.
     """
 
     def __init__(self, in_features: int, out_features: int, group, bias: bool = True,
-                 input_is_parallel: bool = True):
+                 input_is_parallel: bool = True, sequence_parallel: bool = False):
         super().__init__()
         self.group, self.input_is_parallel = group, input_is_parallel
+        self.sequence_parallel = sequence_parallel
         self.in_features, self.out_features = in_features, out_features
         start, end = shard_range(in_features, group.size, group.rank)
         self.weight = nn.Parameter(torch.empty(out_features, end - start))
@@ -97,13 +109,14 @@ class RowParallelLinear(nn.Module):
         nn.init.uniform_(self.weight, -bound, bound)
         if self.bias is not None:
             nn.init.uniform_(self.bias, -bound, bound)
+            self.bias.sequence_parallel = sequence_parallel
 
     @classmethod
     def from_dense(cls, linear: nn.Linear, group, cols: torch.Tensor | None = None,
-                   input_is_parallel: bool = True) -> "RowParallelLinear":
+                   input_is_parallel: bool = True, sequence_parallel: bool = False) -> "RowParallelLinear":
         with torch.random.fork_rng(devices=[]):
             layer = cls(linear.in_features, linear.out_features, group, linear.bias is not None,
-                        input_is_parallel)
+                        input_is_parallel, sequence_parallel)
         with torch.no_grad():
             layer.weight.copy_(_take(linear.weight, cols, 1, group))
             if layer.bias is not None:
@@ -113,7 +126,8 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_parallel:
             x = scatter_to_tp(x, self.group)
-        y = reduce_from_tp(F.linear(x, self.weight), self.group)
+        y = F.linear(x, self.weight)
+        y = reduce_scatter_seq(y, self.group) if self.sequence_parallel else reduce_from_tp(y, self.group)
         return y + self.bias if self.bias is not None else y
 
 

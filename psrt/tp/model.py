@@ -10,6 +10,14 @@ same way), same computation, weights split over the TP ranks:
 Replicated parameters get identical gradients on every TP rank without communication: their
 inputs and output gradients are already whole and equal everywhere (f and g see to it).
 
+With `sequence_parallel` (Korthikanti et al. 2022, sec. 4.2.2) the residual stream between
+the blocks' tensor-parallel regions holds 1/t of the sequence on each rank: the embedding's
+output is cut along the sequence, each column-parallel layer all-gathers its input (f-bar),
+each row-parallel layer reduce-scatters its output (g-bar), and the head's projection gathers
+the sequence back.  The LayerNorms and the row-parallel biases then see only this rank's
+tokens: their gradients are marked `sequence_parallel` and summed over the TP group after
+backward (psrt.tp.comm.reduce_sequence_parallel_grads).
+
 `shard_dense` loads a dense psrt.train.models.TransformerLM into it; `shard_specs` says which
 slice of which dense tensor each parameter is, so tests and psrt.train.hybrid compare parameters
 and gradients with a single-process run.
@@ -23,15 +31,16 @@ from torch import nn
 from psrt.collectives.layout import shard_range
 from psrt.errors import PsrtError
 from psrt.tp.attention import ParallelAttention, head_rows
+from psrt.tp.comm import scatter_seq
 from psrt.tp.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from psrt.tp.loss import vocab_parallel_cross_entropy
 
 
 class ParallelMLP(nn.Module):
-    def __init__(self, dim: int, hidden: int, group):
+    def __init__(self, dim: int, hidden: int, group, sequence_parallel: bool = False):
         super().__init__()
-        self.fc1 = ColumnParallelLinear(dim, hidden, group)
-        self.fc2 = RowParallelLinear(hidden, dim, group)
+        self.fc1 = ColumnParallelLinear(dim, hidden, group, sequence_parallel=sequence_parallel)
+        self.fc2 = RowParallelLinear(hidden, dim, group, sequence_parallel=sequence_parallel)
 
     def forward(self, x):
         return self.fc2(F.gelu(self.fc1(x)))
@@ -40,35 +49,46 @@ class ParallelMLP(nn.Module):
 class ParallelBlock(nn.Module):
     """Pre-norm block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
 
-    def __init__(self, dim: int, heads: int, hidden: int, group):
+    def __init__(self, dim: int, heads: int, hidden: int, group, sequence_parallel: bool = False):
         super().__init__()
         self.ln1 = nn.LayerNorm(dim)
-        self.attn = ParallelAttention(dim, heads, group)
+        self.attn = ParallelAttention(dim, heads, group, sequence_parallel=sequence_parallel)
         self.ln2 = nn.LayerNorm(dim)
-        self.mlp = ParallelMLP(dim, hidden, group)
+        self.mlp = ParallelMLP(dim, hidden, group, sequence_parallel)
+        _mark(sequence_parallel, self.ln1, self.ln2)
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 
 
+def _mark(sequence_parallel: bool, *modules) -> None:
+    """Mark the parameters of modules that see only this rank's slice of the sequence."""
+    for m in modules:
+        for p in m.parameters():
+            p.sequence_parallel = sequence_parallel
+
+
 class ParallelEmbedding(nn.Module):
-    def __init__(self, vocab: int, dim: int, max_len: int, group):
+    def __init__(self, vocab: int, dim: int, max_len: int, group, sequence_parallel: bool = False):
         super().__init__()
+        self.group, self.sequence_parallel = group, sequence_parallel
         self.tok = VocabParallelEmbedding(vocab, dim, group)
         self.pos = nn.Embedding(max_len, dim)
 
     def forward(self, idx):
-        return self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        h = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        return scatter_seq(h, self.group) if self.sequence_parallel else h
 
 
 class ParallelHead(nn.Module):
     """Final LayerNorm and this rank's slice of the vocabulary logits."""
 
-    def __init__(self, vocab: int, dim: int, group):
+    def __init__(self, vocab: int, dim: int, group, sequence_parallel: bool = False):
         super().__init__()
         self.ln = nn.LayerNorm(dim)
-        self.out = ColumnParallelLinear(dim, vocab, group)
+        self.out = ColumnParallelLinear(dim, vocab, group, sequence_parallel=sequence_parallel)
+        _mark(sequence_parallel, self.ln)
 
     def forward(self, h):
         return self.out(self.ln(h))
@@ -79,14 +99,16 @@ class TPTransformerLM(nn.Module):
     rank's vocabulary slice of the logits, `loss` the mean cross-entropy of all tokens."""
 
     def __init__(self, vocab: int, dim: int, layers: int, heads: int, max_len: int, group,
-                 hidden: int | None = None):
+                 hidden: int | None = None, sequence_parallel: bool = False):
         super().__init__()
         self.vocab, self.dim, self.heads, self.group = vocab, dim, heads, group
         self.hidden = hidden or 4 * dim
         self.max_len = max_len
-        self.embed = ParallelEmbedding(vocab, dim, max_len, group)
-        self.blocks = nn.ModuleList(ParallelBlock(dim, heads, self.hidden, group) for _ in range(layers))
-        self.head = ParallelHead(vocab, dim, group)
+        self.sequence_parallel = sequence_parallel
+        sp = sequence_parallel
+        self.embed = ParallelEmbedding(vocab, dim, max_len, group, sp)
+        self.blocks = nn.ModuleList(ParallelBlock(dim, heads, self.hidden, group, sp) for _ in range(layers))
+        self.head = ParallelHead(vocab, dim, group, sp)
 
     def forward(self, idx):
         h = self.embed(idx)
@@ -143,7 +165,7 @@ def take(spec, tensor: torch.Tensor) -> torch.Tensor:
     return t.clone() if dim is None else t.index_select(dim, index.to(t.device))
 
 
-def shard_dense(dense: nn.Module, group) -> TPTransformerLM:
+def shard_dense(dense: nn.Module, group, sequence_parallel: bool = False) -> TPTransformerLM:
     """A TPTransformerLM holding this rank's slices of a dense psrt.train.models.TransformerLM."""
     try:
         vocab, dim = dense.embed.tok.num_embeddings, dense.embed.tok.embedding_dim
@@ -155,7 +177,7 @@ def shard_dense(dense: nn.Module, group) -> TPTransformerLM:
     # Each rank initialises shards of its own sizes: keep that from moving the caller's RNG,
     # so what the caller draws next is the same on every rank and for every TP degree.
     with torch.random.fork_rng(devices=[]):
-        model = TPTransformerLM(vocab, dim, len(dense.blocks), heads, max_len, group, hidden)
+        model = TPTransformerLM(vocab, dim, len(dense.blocks), heads, max_len, group, hidden, sequence_parallel)
     state = dict(dense.named_parameters())
     specs = shard_specs(model)
     with torch.no_grad():

@@ -62,6 +62,9 @@ class TrainConfig:
                   "--accum micro-batches); needs --model transformer", "strategy", metavar="N")
     tp: int = opt(1, "tensor-parallel degree: each stage's layers split over N ranks (Megatron-style)",
                   "strategy", metavar="N")
+    sequence_parallel: bool = opt(False, "with --tp: keep the activations between the tensor-parallel "
+                                  "layers split along the sequence (Megatron-LM's sequence parallelism)",
+                                  "strategy")
     ep: int = opt(1, "expert-parallel degree (--model moe): the experts spread over N ranks, carved out of "
                   "the data-parallel ranks", "strategy", metavar="N")
     # --- model and data
@@ -163,6 +166,9 @@ class TrainConfig:
         if self.precision != "fp32" and (self.pp * self.tp != 1 or self.model == "moe"):
             raise PsrtError(f"--precision {self.precision} trains data-parallel strategies; it is not available "
                             "with --pp/--tp or --model moe yet", everywhere=True)
+        if self.sequence_parallel and self.tp == 1:
+            raise PsrtError("--sequence-parallel splits the sequence over the tensor-parallel ranks: "
+                            "it needs --tp 2 or more", everywhere=True)
         if self.recompute and self.model not in ("transformer", "moe"):
             raise PsrtError(f"--recompute recomputes transformer blocks; --model {self.model} has none "
                             "(use --model transformer or moe)", everywhere=True)

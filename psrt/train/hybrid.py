@@ -30,7 +30,7 @@ from psrt.dp.common import copy_back, flatten, optimizer_factory
 from psrt.errors import PsrtError, make_options
 from psrt.grid import Grid
 from psrt.pp import PipelineRuntime, build_stages, make_schedule, split_batch
-from psrt.tp.comm import CountingGroup
+from psrt.tp.comm import CountingGroup, reduce_sequence_parallel_grads
 from psrt.tp.model import loss_fn, shard_dense, shard_specs
 
 
@@ -45,6 +45,8 @@ class HybridConfig:
     balanced by parameter count).  dp_algorithm: psrt allreduce algorithm for the
     gradients over the dp axis ('ring', 'ps', 'native', 'auto', ...).
     optimizer: 'sgd' (with momentum) or 'adam'.  seed: initialisation of the dense model.
+    sequence_parallel: split the activations between the TP regions along the sequence
+    (psrt.tp.model; Korthikanti et al. 2022).
     timeout_s: how long a pipeline receive waits before it raises (default PSRT_TIMEOUT).
     """
 
@@ -63,6 +65,7 @@ class HybridConfig:
     momentum: float = 0.9
     seed: int = 0
     timeout_s: float | None = None
+    sequence_parallel: bool = False
 
     @classmethod
     def for_model(cls, model: nn.Module, **options) -> "HybridConfig":
@@ -125,7 +128,7 @@ class HybridTrainer:
         self.grid, self.cfg = grid, cfg
         # The TP group counts its traffic for the step's bytes_sent.
         self.tp = CountingGroup(grid.tp_group)
-        model = shard_dense(dense if dense is not None else dense_model(cfg), self.tp)
+        model = shard_dense(dense if dense is not None else dense_model(cfg), self.tp, cfg.sequence_parallel)
         blocks = [model.embed, *model.blocks, model.head]
         self.schedule = make_schedule(cfg.schedule, grid.pp, cfg.microbatches, cfg.virtual_stages)
         stage_ids = self.schedule.stages_of(grid.pp_rank)
@@ -167,6 +170,7 @@ class HybridTrainer:
             p.grad = None
         self.tp.reset()
         pp = self.runtime.step(xs, ys, weights)
+        reduce_sequence_parallel_grads(self.params, self.tp)      # nothing without --sequence-parallel
         t0 = time.perf_counter()
         payload = self._allreduce_grads()
         dp_s = time.perf_counter() - t0
@@ -175,7 +179,8 @@ class HybridTrainer:
         # Wire bytes as a bandwidth-optimal (ring) collective moves them; the TP groups count
         # each all-reduce's payload and each all-gather's local piece.
         tp_sent = (wire_bytes("allreduce", "native", self.tp.bytes.get("allreduce", 0), g.tp, g.tp_rank)
-                   + wire_bytes("allgather", "native", g.tp * self.tp.bytes.get("allgather", 0), g.tp, g.tp_rank))
+                   + wire_bytes("allgather", "native", g.tp * self.tp.bytes.get("allgather", 0), g.tp, g.tp_rank)
+                   + wire_bytes("reduce_scatter", "native", self.tp.bytes.get("reduce_scatter", 0), g.tp, g.tp_rank))
         dp_sent = wire_bytes("allreduce", cfg.dp_algorithm, payload, g.dp, g.dp_rank)
         return DPStepStats(loss=loss, compute_s=pp.busy_s, comm_s=pp.wait_s + dp_s,
                            bytes_sent=pp.bytes_sent + tp_sent + dp_sent,

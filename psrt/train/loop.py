@@ -312,7 +312,8 @@ def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer 
     torch.manual_seed(cfg.seed)
     model = build_model("transformer", dataset, cfg.width, cfg.layers, cfg.recompute)
     hcfg = HybridConfig.for_model(model, schedule="1f1b", microbatches=cfg.accum,
-                                  dp_algorithm=cfg.algorithm or HYBRID_DP[dp])
+                                  dp_algorithm=cfg.algorithm or HYBRID_DP[dp],
+                                  sequence_parallel=cfg.sequence_parallel)
     trainer = HybridTrainer(grid, hcfg, dense=model, make_optimizer=make_optimizer(cfg), tracer=tracer)
     sampler = ShardedSampler(len(dataset), cfg.batch_size, grid.dp, grid.dp_rank, cfg.accum, cfg.seed)
     total = cfg.steps or cfg.epochs * sampler.steps_per_epoch

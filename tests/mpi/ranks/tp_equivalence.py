@@ -21,6 +21,7 @@ from psrt.tp import (ColumnParallelLinear, CountingGroup, ParallelAttention, Row
                      VocabParallelEmbedding, shard_dense, shard_specs, take,
                      vocab_parallel_cross_entropy)
 from psrt.tp.attention import head_rows
+from psrt.tp.comm import reduce_sequence_parallel_grads
 
 RTOL, ATOL = 1e-5, 4e-5
 
@@ -134,6 +135,38 @@ def check_lm(g, errs, counts):
     return loss.item()
 
 
+def check_sequence_parallel(g, errs, counts):
+    """The TP transformer with sequence parallelism vs the dense model (a sequence of 7, so the
+    slices are uneven at TP 2): loss, every gradient once the LayerNorm and row-bias gradients
+    are summed over the TP group, and one block's collectives: two all-gathers (f-bar) and
+    two reduce-scatters (g-bar) forward, the same backward."""
+    torch.manual_seed(5)
+    b, s, h, vocab = 3, 7, 16, 12
+    dense = TransformerLM(vocab=vocab, dim=h, layers=2, heads=4, max_len=s)
+    counter = CountingGroup(g)
+    model = shard_dense(copy.deepcopy(dense), counter, sequence_parallel=True)
+    x, y = torch.randint(0, vocab, (b, s)), torch.randint(0, vocab, (b, s))
+    want = F.cross_entropy(dense(x).reshape(-1, vocab), y.reshape(-1))
+    want.backward()
+    loss = model.loss(model(x), y)
+    loss.backward()
+    reduce_sequence_parallel_grads(list(model.parameters()), g)
+    close("sp loss", loss.detach(), want.detach(), errs)
+    specs, params = shard_specs(model), dict(dense.named_parameters())
+    for name, p in model.named_parameters():
+        close(f"sp grad {name}", p.grad, take(specs[name], params[specs[name][0]].grad), errs)
+    block = model.blocks[0]
+    local = s // g.size if s % g.size == 0 else len(range(*shard_range(s, g.size, g.rank)))
+    hid = torch.randn(b, local, h, requires_grad=True)
+    counter.reset()
+    out = block(hid)
+    counts["sp_forward"] = dict(counter.calls)
+    counter.reset()
+    out.sum().backward()
+    counts["sp_backward"] = dict(counter.calls)
+    return loss.item()
+
+
 def main():
     world = psrt.init()
     out = []
@@ -145,7 +178,9 @@ def main():
         check_embedding_and_loss(g, errs)
         check_attention(g, errs)
         loss = check_lm(g, errs, counts)
-        out.append({"rank": world.rank, "tp": tp, "errors": errs, "lm_loss": loss, "counts": counts})
+        sp_loss = check_sequence_parallel(g, errs, counts)
+        out.append({"rank": world.rank, "tp": tp, "errors": errs, "lm_loss": loss, "sp_loss": sp_loss,
+                    "counts": counts})
         g.close()
         comm.Free()
     for rec in out:

@@ -120,10 +120,14 @@ class HybridTrainer:
         make_optimizer: params -> optimizer (default: cfg.optimizer from torch.optim), as
             in the DataParallel contract (psrt/dp/base.py).
         tracer: a psrt.trace.Tracer for the pipeline's spans (default: none).
+        compute_dtype: run the stages' forward under autocast in this dtype (bf16, fp16), the
+            parameters staying fp32 (psrt.dp.precision).
+        scaler: a psrt.dp.precision.LossScaler for fp16: the loss is scaled before backward;
+            make_optimizer should then build ScaledOptimizers on the same scaler.
     """
 
     def __init__(self, grid: Grid, cfg: HybridConfig, dense: nn.Module | None = None, device="cpu",
-                 make_optimizer=None, tracer=None):
+                 make_optimizer=None, tracer=None, compute_dtype=None, scaler=None):
         cfg.check(grid)
         self.grid, self.cfg = grid, cfg
         # The TP group counts its traffic for the step's bytes_sent.
@@ -137,8 +141,12 @@ class HybridTrainer:
         self.specs = shard_specs(model)
         for st in stages.values():
             st.to(device)
-        self.runtime = PipelineRuntime(stages, self.schedule, grid.pp_comm,
-                                       loss_fn(self.tp, cfg.vocab), device, cfg.timeout_s, tracer)
+        loss = loss_fn(self.tp, cfg.vocab)
+        if scaler is not None:
+            unscaled = loss
+            loss = lambda logits, target: scaler(unscaled(logits, target))  # noqa: E731
+        self.compute_dtype = compute_dtype
+        self.runtime = PipelineRuntime(stages, self.schedule, grid.pp_comm, loss, device, cfg.timeout_s, tracer)
         self.params = list(self.runtime.parameters())
         make_optimizer = make_optimizer or optimizer_factory(cfg.optimizer, cfg.lr, cfg.momentum)
         self.optimizer = make_optimizer(self.params)
@@ -169,7 +177,9 @@ class HybridTrainer:
         for p in self.params:
             p.grad = None
         self.tp.reset()
-        pp = self.runtime.step(xs, ys, weights)
+        with torch.autocast(self.device.type, dtype=self.compute_dtype or torch.float32,
+                            enabled=self.compute_dtype is not None):
+            pp = self.runtime.step(xs, ys, weights)
         reduce_sequence_parallel_grads(self.params, self.tp)      # nothing without --sequence-parallel
         t0 = time.perf_counter()
         payload = self._allreduce_grads()

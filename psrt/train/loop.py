@@ -57,7 +57,8 @@ def check_strategies(cfg: TrainConfig) -> None:
     hybrid = cfg.pp * cfg.tp != 1
     accepted = {"algorithm"} if hybrid else set()
     for dp in cfg.dp_list:
-        precision.check(cfg.precision, dp)
+        if not hybrid:      # a hybrid run steps the optimizer on every rank: fp16 works with all
+            precision.check(cfg.precision, dp)
         if hybrid:
             check_hybrid(cfg, dp)
         else:
@@ -314,7 +315,10 @@ def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer 
     hcfg = HybridConfig.for_model(model, schedule="1f1b", microbatches=cfg.accum,
                                   dp_algorithm=cfg.algorithm or HYBRID_DP[dp],
                                   sequence_parallel=cfg.sequence_parallel)
-    trainer = HybridTrainer(grid, hcfg, dense=model, make_optimizer=make_optimizer(cfg), tracer=tracer)
+    scaler = precision.LossScaler(world.comm.Dup()) if cfg.precision == "fp16" else None
+    make_opt = precision.scaled_factory(make_optimizer(cfg), scaler) if scaler else make_optimizer(cfg)
+    trainer = HybridTrainer(grid, hcfg, dense=model, make_optimizer=make_opt, tracer=tracer,
+                            compute_dtype=precision.DTYPES[cfg.precision], scaler=scaler)
     sampler = ShardedSampler(len(dataset), cfg.batch_size, grid.dp, grid.dp_rank, cfg.accum, cfg.seed)
     total = cfg.steps or cfg.epochs * sampler.steps_per_epoch
     lead = world.rank == 0
@@ -342,6 +346,8 @@ def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer 
             "steps": total, "loss": float(loss), "test_loss": None, "test_acc": None, "wall": wall}
     everyone = ctl.gather(mine, root=0)
     grid.free()
+    if scaler:
+        scaler.comm.Free()
     if not lead:
         metrics.close()
         return None
@@ -350,6 +356,8 @@ def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer 
     if cfg.save:
         checkpoint.atomic_save(model.state_dict(), cfg.path_for(cfg.save, dp))
     row = summarize(f"{dp} pp{grid.pp} tp{grid.tp}", everyone, mine, cfg.batch_size)
+    if scaler:
+        row.update(loss_scale=scaler.scale, skipped_steps=scaler.skipped)
     metrics.close()
     return row
 

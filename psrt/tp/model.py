@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from psrt.collectives.layout import shard_range
 from psrt.errors import PsrtError
@@ -56,8 +57,17 @@ class ParallelBlock(nn.Module):
         self.ln2 = nn.LayerNorm(dim)
         self.mlp = ParallelMLP(dim, hidden, group, sequence_parallel)
         _mark(sequence_parallel, self.ln1, self.ln2)
+        self.recompute = False
 
     def forward(self, x):
+        if self.recompute and torch.is_grad_enabled():
+            # As psrt.train.models.Block: keep the input, run the block again in backward.
+            # The recomputation repeats the block's collectives, in the same order on every
+            # TP rank, so they still match.
+            return checkpoint(self._forward, x, use_reentrant=True)
+        return self._forward(x)
+
+    def _forward(self, x):
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 
@@ -178,6 +188,8 @@ def shard_dense(dense: nn.Module, group, sequence_parallel: bool = False) -> TPT
     # so what the caller draws next is the same on every rank and for every TP degree.
     with torch.random.fork_rng(devices=[]):
         model = TPTransformerLM(vocab, dim, len(dense.blocks), heads, max_len, group, hidden, sequence_parallel)
+    for block in model.blocks:          # --recompute carries over from the dense blocks
+        block.recompute = getattr(dense.blocks[0], "recompute", False)
     state = dict(dense.named_parameters())
     specs = shard_specs(model)
     with torch.no_grad():

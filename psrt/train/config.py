@@ -171,9 +171,6 @@ class TrainConfig:
         if self.recompute and self.model not in ("transformer", "moe"):
             raise PsrtError(f"--recompute recomputes transformer blocks; --model {self.model} has none "
                             "(use --model transformer or moe)", everywhere=True)
-        if self.recompute and self.tp != 1:
-            raise PsrtError("--recompute is not available with --tp: the tensor-parallel blocks keep "
-                            "their activations", everywhere=True)
         if self.pp * self.tp != 1 and self.model != "transformer":
             raise PsrtError(f"--pp {self.pp} --tp {self.tp}: model parallelism splits the transformer; "
                             f"use --model transformer (got --model {self.model})", everywhere=True)

@@ -153,12 +153,15 @@ def test_bench_memory_reproduces_zeros_table(tmp_path):
     assert rows["zero3"]["states"] == pytest.approx(rows["fsdp2"]["states"], rel=0.02)
 
 
-def test_recompute_under_a_pipeline_changes_no_loss(tmp_path):
+@pytest.mark.parametrize("grid", (["--pp", "2"], ["--tp", "2", "--sequence-parallel"]))
+def test_recompute_under_model_parallelism_changes_no_loss(tmp_path, grid):
+    """A pipeline stage's blocks, and tensor-parallel blocks whose collectives run again in the
+    recomputation (in the same order on every TP rank): the same losses bit for bit."""
     from conftest import launch_ranks
     losses = {}
     for flag in ("", "--recompute"):
         metrics = tmp_path / f"pp{flag}.jsonl"
-        launch_ranks(2, "-m", "psrt.train", "--pp", "2", "--model", "transformer", "--steps", "3", "--accum", "2",
+        launch_ranks(2, "-m", "psrt.train", *grid, "--model", "transformer", "--steps", "3", "--accum", "2",
                      "--quiet", "--metrics", str(metrics), *([flag] if flag else [])).check()
         losses[flag] = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()
                         if not json.loads(line).get("summary")]

@@ -58,7 +58,6 @@ def test_comma_list_of_strategies():
     (["--resume"], "--resume needs --checkpoint"),
     (["--recompute"], "--recompute recomputes transformer blocks; --model mlp has none"),
     (["--sequence-parallel", "--model", "transformer"], "--sequence-parallel splits the sequence over the tensor-parallel ranks"),
-    (["--recompute", "--model", "transformer", "--tp", "2"], "--recompute is not available with --tp"),
     (["--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint"),
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
 ])

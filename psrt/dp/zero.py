@@ -67,13 +67,20 @@ def check_algorithm(name: str, algorithm: str) -> None:
                         f"algorithm: one of auto, {', '.join(usable)}", everywhere=True)
 
 
-def trainable(model: torch.nn.Module, name: str) -> list[torch.nn.Parameter]:
-    """The parameters a sharded strategy updates: at least one, all of one dtype."""
+def prepare(strategy, model: torch.nn.Module, group) -> list[torch.nn.Parameter]:
+    """What every ZeRO stage does first: its algorithm and wire dtype from the options, rank
+    0's model on every rank; returns the parameters it updates (at least one, one dtype)."""
+    strategy.algorithm = strategy.options.algorithm or "ring"
+    check_algorithm(strategy.name, strategy.algorithm)
+    if strategy.algorithm == "torch":
+        join_torch(group, model)
+    strategy.wire_dtype = COMPRESS[strategy.options.compress]
+    broadcast_model(model, group)
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise PsrtError("the model has no trainable parameters")
     if len({p.dtype for p in params}) != 1:
-        raise PsrtError(f"--dp {name} needs every trainable parameter in one dtype")
+        raise PsrtError(f"--dp {strategy.name} needs every trainable parameter in one dtype")
     return params
 
 
@@ -95,13 +102,7 @@ class ZeroOptimizer(DataParallel):
 
     def __init__(self, model, make_optimizer, group, **options):
         super().__init__(model, make_optimizer, group, **options)
-        self.algorithm = self.options.algorithm or "ring"
-        check_algorithm(self.name, self.algorithm)
-        if self.algorithm == "torch":
-            join_torch(group, model)
-        self.wire_dtype = COMPRESS[self.options.compress]
-        broadcast_model(model, group)
-        self.params = self._order(trainable(model, self.name))
+        self.params = self._order(prepare(self, model, group))
         n, r = group.size, group.rank
         self.map = ShardMap(self._unit_sizes(), n)
         self.total = self.map.numel

@@ -33,9 +33,9 @@ from torch.utils._pytree import tree_flatten
 
 from psrt.collectives.cost import wire_bytes
 from psrt.dp.base import DataParallel, StepStats
-from psrt.dp.common import COMPRESS, broadcast_model, flatten, join_torch
+from psrt.dp.common import flatten
 from psrt.dp.shards import ShardMap, assemble, reshard_optimizer
-from psrt.dp.zero import ZeroOptions, check_algorithm, reduce_scatter_into, trainable
+from psrt.dp.zero import ZeroOptions, prepare, reduce_scatter_into
 from psrt.errors import PsrtError
 
 
@@ -94,13 +94,7 @@ class Zero3(DataParallel):
 
     def __init__(self, model, make_optimizer, group, **options):
         super().__init__(model, make_optimizer, group, **options)
-        self.algorithm = self.options.algorithm or "ring"
-        check_algorithm(self.name, self.algorithm)
-        if self.algorithm == "torch":
-            join_torch(group, model)
-        self.wire_dtype = COMPRESS[self.options.compress]
-        broadcast_model(model, group)
-        params = trainable(model, self.name)
+        params = prepare(self, model, group)
         modules, owned, seen = wrap_units(model), [], {}
         for m in modules:
             mine = [p for p in m.parameters() if p.requires_grad]

@@ -38,21 +38,27 @@ def launch(np_: int, *args: str, timeout: float = 400) -> list[dict]:
     return RankRun(proc).check().records()
 
 
-@pytest.fixture(scope="module")
-def fp32_records():
-    recs = launch(4, "--dp", ",".join(STRATEGIES), "--sizes", "1,2,3,4", "--accum", "2",
-                  "--unused", "--optimizer", "sgd", "--momentum", "0.9", "--steps", "3")
+def by_strategy_and_size(*args: str) -> dict:
+    """One launch of 4 ranks over every size: {(dp, n): one record per rank}."""
     by = defaultdict(list)
-    for r in recs:
+    for r in launch(4, *args, "--sizes", "1,2,3,4", "--accum", "2", "--unused", "--steps", "3"):
         by[(r["dp"], r["size"])].append(r)
     return by
+
+
+@pytest.fixture(scope="module")
+def fp32_records():
+    return by_strategy_and_size("--dp", ",".join(STRATEGIES), "--optimizer", "sgd", "--momentum", "0.9")
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dp", STRATEGIES)
 def test_n_ranks_equal_one_process(fp32_records, dp, n):
-    recs = fp32_records[(dp, n)]
+    check(fp32_records[(dp, n)], n)
+
+
+def check(recs: list, n: int) -> None:
     assert len(recs) == n, f"expected one record per rank, got {recs}"
     for r in recs:
         assert r["ok"], f"rank {r['rank']}: parameters {r['bad_params']} differ (max {r['max_abs']})"
@@ -61,22 +67,14 @@ def test_n_ranks_equal_one_process(fp32_records, dp, n):
 
 @pytest.fixture(scope="module")
 def adam_records():
-    recs = launch(4, "--dp", ",".join(SHARDED), "--sizes", "1,2,3,4", "--accum", "2", "--unused",
-                  "--optimizer", "adam", "--lr", "0.01", "--steps", "3")
-    by = defaultdict(list)
-    for r in recs:
-        by[(r["dp"], r["size"])].append(r)
-    return by
+    return by_strategy_and_size("--dp", ",".join(SHARDED), "--optimizer", "adam", "--lr", "0.01")
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dp", SHARDED)
 def test_sharded_with_adam_equal_one_process(adam_records, dp, n):
-    recs = adam_records[(dp, n)]
-    assert len(recs) == n, f"expected one record per rank, got {recs}"
-    for r in recs:
-        assert r["ok"] and r["loss_ok"], r
+    check(adam_records[(dp, n)], n)
 
 
 @pytest.mark.mpi

@@ -2,7 +2,9 @@
 alpha-beta fit (the measurement is psrt.collectives.pingpong)."""
 from __future__ import annotations
 
-from psrt.collectives.pingpong import pingpong
+import sys
+
+from psrt.collectives.pingpong import measure_fit
 from psrt.errors import PsrtError
 
 
@@ -29,19 +31,16 @@ def command(args) -> int:
     import psrt
     from psrt.bench import report
     from psrt.bench.collectives import sizes_from
-    from psrt.collectives import cost
     from psrt.train.report import fmt_bytes
 
     world = psrt.init()
     if world.size < 2:
         raise PsrtError("pingpong needs at least 2 ranks (mpirun -np 2 ...)", everywhere=True)
-    points = pingpong(world.comm, sizes_from(args), repeats=args.repeats)
+    points, model, why = measure_fit(world.comm, sizes_from(args), repeats=args.repeats)
     if world.rank != 0:
         return 0
-    try:
-        model = cost.fit(points)
-    except ValueError:
-        model = None
+    if model is None:
+        print(f"psrt.bench pingpong: no alpha-beta fit: {why}", file=sys.stderr, flush=True)
     if not args.quiet:
         print(f"# ping-pong, rank 0 ({world.hostname}) <-> rank {world.size - 1}: one-way time, median")
         report.table([dict(p, size=fmt_bytes(p["nbytes"]), us=p["one_way_s"] * 1e6,

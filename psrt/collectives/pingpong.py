@@ -50,3 +50,22 @@ def pingpong(comm, sizes: list[int], repeats: int = 5, min_time_s: float = 0.05)
         points.append({"nbytes": size, "one_way_s": statistics.median(loops),
                        "min_s": min(loops), "max_s": max(loops)})
     return points
+
+
+def measure_fit(comm, sizes: list[int], repeats: int = 5, min_time_s: float = 0.05, attempts: int = 3):
+    """(points, fit, why): a ping-pong of `comm` (collective) and, on rank 0, its alpha-beta
+    fit (psrt.collectives.cost.fit).  A busy host can make a larger message look no slower
+    than a smaller one: then the ranks measure again, each time for longer, up to `attempts`
+    times; if no fit came out, fit is None and `why` says why (rank 0; None elsewhere)."""
+    from psrt.collectives import cost
+    fit = why = None
+    for attempt in range(attempts):
+        points = pingpong(comm, sizes, repeats=repeats, min_time_s=min_time_s * (attempt + 1))
+        if comm.rank == 0:
+            try:
+                fit, why = cost.fit(points), None
+            except ValueError as err:
+                why = f"{err} after {attempt + 1} ping-pongs (a busy host?)"
+        if comm.bcast(fit is not None, root=0):
+            break
+    return points, fit, why

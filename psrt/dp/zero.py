@@ -38,10 +38,13 @@ from psrt.errors import PsrtError
 class ZeroOptions:
     """algorithm: reduce-scatter / all-gather algorithm (default "ring").
     compress: "none", "fp16" or "bf16": the dtype gradients travel in (parameters are always
-        gathered in full precision)."""
+        gathered in full precision).
+    offload_optimizer: keep the optimizer's master copy of this rank's parts and its state
+        in host memory and step there (ZeRO-Offload; see HostOptimizer)."""
 
     algorithm: str | None = None
     compress: str = "none"
+    offload_optimizer: bool = False
 
     def __post_init__(self):
         check_compress(self.compress)
@@ -84,6 +87,70 @@ def prepare(strategy, model: torch.nn.Module, group) -> list[torch.nn.Parameter]
     return params
 
 
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=t.is_cuda)
+    return out.copy_(t.detach())
+
+
+class HostOptimizer:
+    """ZeRO-Offload's split (Ren et al., "ZeRO-Offload: Democratizing Billion-Scale Model
+    Training", USENIX ATC 2021, sec. 4): the optimizer's fp32 master copy of this rank's parts
+    and all its state live in host memory and the update runs on the CPU; the reduced gradient
+    parts go down to the host, the updated parts come back up.  On a CUDA model that frees
+    the device of K + d bytes per owned parameter for two transfers of d per step; on a CPU
+    model the copies stay on the host and only the bookkeeping remains (what the CPU tests
+    check)."""
+
+    def __init__(self, parts: list[torch.Tensor], make_optimizer):
+        self.parts = parts                                   # the device tensors the model reads
+        self.masters = [torch.nn.Parameter(_host_copy(p)) for p in parts]
+        self.grads = [torch.zeros_like(m) for m in self.masters]
+        self.optimizer = make_optimizer(self.masters)
+
+    @torch.no_grad()
+    def step(self, grad_parts: list[torch.Tensor]) -> None:
+        for m, host, g in zip(self.masters, self.grads, grad_parts):
+            host.copy_(g)
+            m.grad = host
+        self.optimizer.step()
+        for p, m in zip(self.parts, self.masters):
+            p.copy_(m, non_blocking=p.is_cuda)               # ordered on the current stream
+
+    @torch.no_grad()
+    def pull(self) -> None:
+        """Masters <- the device parts (after a checkpoint wrote the parameters)."""
+        for p, m in zip(self.parts, self.masters):
+            m.copy_(p)
+
+    def tensors(self) -> list[torch.Tensor]:
+        from psrt.dp.memory import optimizer_tensors
+        return optimizer_tensors(self.optimizer) + self.masters + self.grads
+
+
+def make_shard_optimizer(strategy, parts: list[torch.Tensor], make_optimizer) -> list:
+    """The optimizer of this rank's parts: over Parameters that are views of them, or with
+    offload_optimizer over host copies (HostOptimizer).  Sets strategy.optimizer and .host;
+    returns the master parameters."""
+    strategy.host = HostOptimizer(parts, make_optimizer) if strategy.options.offload_optimizer else None
+    if strategy.host is not None:
+        strategy.optimizer = strategy.host.optimizer
+        return strategy.host.masters
+    masters = [torch.nn.Parameter(p) for p in parts]
+    strategy.optimizer = make_optimizer(masters)
+    return masters
+
+
+def step_shard(strategy, grad_parts: list[torch.Tensor]) -> None:
+    """The optimizer step on this rank's parts, on the device or on the host."""
+    with strategy.tracer.span("optimizer", "compute"):
+        if strategy.host is not None:
+            strategy.host.step(grad_parts)
+            return
+        for m, g in zip(strategy.masters, grad_parts):
+            m.grad = g
+        strategy.optimizer.step()
+
+
 def flat_views(params: list, flat: torch.Tensor) -> None:
     """Make every parameter a view of its slice of `flat` (which holds their values), so the
     model, the optimizer's shard and the all-gather all work on one buffer (PyTorch FSDP's
@@ -111,9 +178,9 @@ class ZeroOptimizer(DataParallel):
         # This rank's part of each unit, a view of the flat parameters: the optimizer updates
         # them in place, so the all-gather only has to bring the other ranks' parts.
         self.owned = self.map.owned(r)
-        self.masters = [torch.nn.Parameter(self.flat[lo:hi]) for lo, hi in self.owned]
+        self.parts = [self.flat[lo:hi] for lo, hi in self.owned]
+        self.masters = make_shard_optimizer(self, self.parts, make_optimizer)
         self.shard = sum(m.numel() for m in self.masters)
-        self.optimizer = make_optimizer(self.masters)
         self._setup()
 
     # The flat order and its cut into units; zero2 overrides both.
@@ -159,16 +226,13 @@ class ZeroOptimizer(DataParallel):
     def step(self, loss_fn, microbatches: list) -> StepStats:
         start = time.perf_counter()
         local_loss, comm_s, sent = self._backward(loss_fn, microbatches)
-        for m, g in zip(self.masters, self.grad_parts):
-            m.grad = g
-        with self.tracer.span("optimizer", "compute"):
-            self.optimizer.step()
+        step_shard(self, self.grad_parts)
         t0 = time.perf_counter()
         # Each unit's updated parts, gathered into the flat parameters where they belong, and
         # the mean loss over ranks (one element) behind them.
-        handles = [self.group.allgather(m.detach(), out=self.flat[u.lo:u.hi], counts=list(u.counts),
+        handles = [self.group.allgather(part, out=self.flat[u.lo:u.hi], counts=list(u.counts),
                                         algorithm=self.algorithm, async_op=True)
-                   for u, m in zip(self.map.units, self.masters) if u.numel]
+                   for u, part in zip(self.map.units, self.parts) if u.numel]
         losses = self.group.allreduce(self.flat.new_tensor([local_loss]), op="avg", algorithm=self.algorithm)
         for h in handles:
             h.wait()
@@ -179,7 +243,10 @@ class ZeroOptimizer(DataParallel):
                          bytes_sent=sent, extra={"shard_elements": self.shard})
 
     def memory(self) -> dict:
-        return {"params": [self.flat], "grads": [self.flat_grad], "optimizer": self.optimizer}
+        return {"params": [self.flat], "grads": [self.flat_grad], "optimizer": self._optimizer_held()}
+
+    def _optimizer_held(self):
+        return self.host.tensors() if self.host is not None else self.optimizer
 
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
@@ -196,6 +263,8 @@ class ZeroOptimizer(DataParallel):
             raise PsrtError(f"--resume: the checkpoint's {self.name} state covers {old.numel} parameters, "
                             f"this model has {self.total}", everywhere=True)
         self.model.load_state_dict(states[0]["model"])
+        if self.host is not None:
+            self.host.pull()
         self.optimizer.load_state_dict(reshard_optimizer([s["optimizer"] for s in states], old, self.map,
                                                          self.group.rank))
 
@@ -206,6 +275,8 @@ class ZeroOptimizer(DataParallel):
                             f"elements; this run has {self.group.size} of {self.shard} (resume on "
                             f"{size} ranks)", everywhere=True)
         self.model.load_state_dict(state["model"])       # writes into the flat parameters
+        if self.host is not None:
+            self.host.pull()
         self.optimizer.load_state_dict(state["optimizer"])
 
 
@@ -329,7 +400,8 @@ class Zero2(ZeroOptimizer):
         return total / n_mb, comm_s, sent
 
     def memory(self) -> dict:
-        return {"params": [self.flat], "grads": [self.grad_shard], "optimizer": self.optimizer, "buffers": self.pool}
+        return {"params": [self.flat], "grads": [self.grad_shard], "optimizer": self._optimizer_held(),
+                "buffers": self.pool}
 
     def finish(self) -> None:
         for h in self._hooks:

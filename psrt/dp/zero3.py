@@ -35,7 +35,7 @@ from psrt.collectives.cost import wire_bytes
 from psrt.dp.base import DataParallel, StepStats
 from psrt.dp.common import flatten
 from psrt.dp.shards import ShardMap, assemble, reshard_optimizer
-from psrt.dp.zero import ZeroOptions, prepare, reduce_scatter_into
+from psrt.dp.zero import ZeroOptions, make_shard_optimizer, prepare, reduce_scatter_into, step_shard
 from psrt.errors import PsrtError
 
 
@@ -115,8 +115,7 @@ class Zero3(DataParallel):
         self.units = [_Unit(i, m, mine, self.shard[at[i]:at[i + 1]], u.counts)
                       for i, ((m, mine), u) in enumerate(zip(groups, self.map.units))]
         del flat
-        self.masters = [nn.Parameter(u.part) for u in self.units]
-        self.optimizer = make_optimizer(self.masters)
+        self.masters = make_shard_optimizer(self, [u.part for u in self.units], make_optimizer)
         self.grad_shard = torch.zeros_like(self.shard)
         at = self.map.shard_offsets(group.rank)
         self._grad_parts = [self.grad_shard[a:b] for a, b in zip(at, at[1:])]
@@ -283,10 +282,7 @@ class Zero3(DataParallel):
                 if u.pending is not None:
                     self._use(u)
                 self._release(u)
-        for m, g in zip(self.masters, self._grad_parts):
-            m.grad = g
-        with trace.span("optimizer", "compute"):
-            self.optimizer.step()
+        step_shard(self, self._grad_parts)
         t0 = time.perf_counter()
         loss = self.group.allreduce(self.shard.new_tensor([total / n_mb]), op="avg", algorithm=self.algorithm)
         self._comm_s += time.perf_counter() - t0
@@ -296,7 +292,8 @@ class Zero3(DataParallel):
                                                        "units": len(self.units)})
 
     def memory(self) -> dict:
-        return {"params": [self.shard], "grads": [self.grad_shard], "optimizer": self.optimizer}
+        held = self.host.tensors() if self.host is not None else self.optimizer
+        return {"params": [self.shard], "grads": [self.grad_shard], "optimizer": held}
 
     def full_parameters(self) -> None:
         """Gather every unit and leave the model whole, with hooks removed (for evaluation
@@ -342,6 +339,8 @@ class Zero3(DataParallel):
         flat = assemble(old, parts)
         with torch.no_grad():
             self.shard.copy_(torch.cat([flat[lo:hi] for lo, hi in self.map.owned(self.group.rank)]))
+        if self.host is not None:
+            self.host.pull()
         self.model.load_state_dict(states[0]["buffers"], strict=False)
         self.optimizer.load_state_dict(reshard_optimizer([s["optimizer"] for s in states], old, self.map,
                                                          self.group.rank))
@@ -354,6 +353,8 @@ class Zero3(DataParallel):
                             everywhere=True)
         with torch.no_grad():
             self.shard.copy_(state["shard"])
+        if self.host is not None:
+            self.host.pull()
         self.model.load_state_dict(state["buffers"], strict=False)
         self.optimizer.load_state_dict(state["optimizer"])
 

@@ -31,7 +31,7 @@ DATASETS = ("digits", "text", "synthetic")
 IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 # Fields that are options of the data-parallel strategies (psrt.dp: each strategy's Options).
-STRATEGY_FLAGS = ("algorithm", "bucket_mb", "overlap", "compress", "servers", "staleness")
+STRATEGY_FLAGS = ("algorithm", "bucket_mb", "overlap", "compress", "servers", "staleness", "offload_optimizer")
 
 
 def opt(default, help: str, group: str, choices=None, metavar=None, flag=None):
@@ -56,6 +56,9 @@ class TrainConfig:
     servers: int | None = opt(None, "dedicated parameter-server ranks (ps, ps-sharded, ps-async; "
                               "0: rank 0 serves and trains).  Default: the strategy's own (0 for ps "
                               "and ps-sharded, 1 for ps-async)", "strategy", metavar="S")
+    offload_optimizer: bool | None = opt(None, "zero1/2/3: keep the optimizer state and the fp32 master copy "
+                                         "of this rank's parameters in host memory and update there "
+                                         "(ZeRO-Offload; for CUDA models)", "strategy")
     staleness: int | None = opt(None, "bounded staleness of ps-async: how many steps a worker may run "
                                 "ahead of the slowest (default 0)", "strategy", metavar="S")
     pp: int = opt(1, "pipeline-parallel degree: the transformer cut into N stages (1F1B schedule, "

@@ -17,7 +17,7 @@ import os
 import sys
 
 from psrt.collectives import cost
-from psrt.collectives.pingpong import pingpong
+from psrt.collectives.pingpong import measure_fit
 from psrt.dp import traffic
 from psrt.train.report import fmt_bytes, format_table
 
@@ -38,24 +38,14 @@ def measure(world, ctl) -> dict | None:
     pair = ctl.Split(0 if ctl.rank in (0, peer) else MPI.UNDEFINED, key=0 if ctl.rank == 0 else 1)
     if pair == MPI.COMM_NULL:
         return None
-    # A busy host can make a larger message look no slower than a smaller one; measure again
-    # (the pair decides together) and, if it stays so, leave the prediction out, saying why.
-    fit = None
-    for attempt in range(ATTEMPTS):
-        points = pingpong(pair, SIZES, repeats=3, min_time_s=0.02 * (attempt + 1))
-        if pair.rank == 0:
-            try:
-                fit, why = cost.fit(points), None
-            except ValueError as err:
-                why = str(err)
-        if pair.bcast(fit is not None, root=0):
-            break
+    # A busy host can make a larger message look no slower than a smaller one: measure_fit
+    # measures again, and if it stays so the prediction is left out, saying why.
+    _, fit, why = measure_fit(pair, SIZES, repeats=3, min_time_s=0.02, attempts=ATTEMPTS)
     pair.Free()
     if ctl.rank != 0:
         return None
     if fit is None:
-        print(f"psrt: no alpha-beta prediction: {why} after {ATTEMPTS} ping-pongs (a busy host?)",
-              file=sys.stderr, flush=True)
+        print(f"psrt: no alpha-beta prediction: {why}", file=sys.stderr, flush=True)
         return None
     names = list(dict.fromkeys(hosts))
     one_host = len(names) == 1

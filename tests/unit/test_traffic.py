@@ -136,10 +136,11 @@ def test_a_busy_ping_pong_is_measured_again_then_left_out(monkeypatch, capsys):
     flat = _points([1e-5, 1e-3, 1e-3, 1e-3])            # bigger messages no slower: no beta
     good = _points([1e-5, 1e-3, 2e-3, 4e-3])
     tries = iter([flat, good])
-    monkeypatch.setattr(prediction, "pingpong", lambda *a, **k: next(tries))
+    from psrt.collectives import pingpong
+    monkeypatch.setattr(pingpong, "pingpong", lambda *a, **k: next(tries))
     link = prediction.measure(_World(), _Comm())
     assert link["beta_s_per_byte"] == pytest.approx(1e-3 / (1 << 20)) and link["hosts"] == 2
-    monkeypatch.setattr(prediction, "pingpong", lambda *a, **k: flat)
+    monkeypatch.setattr(pingpong, "pingpong", lambda *a, **k: flat)
     assert prediction.measure(_World(), _Comm()) is None
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"psrt: no alpha-beta prediction: ping-pong times do not grow with message size; cannot "

@@ -62,7 +62,7 @@ def loss_fn_for(model):
 
 def run(name: str, args, comm, rank: int) -> list:
     torch.manual_seed(args.seed)
-    model = Net(args.unused)
+    model = Net(args.unused).to(args.device)
     ref = copy.deepcopy(model)
     if rank != 0:
         with torch.no_grad():
@@ -70,7 +70,8 @@ def run(name: str, args, comm, rank: int) -> list:
                 p.add_(1.0)
     make_opt = make_optimizer_factory(args)
     options = dict(bucket_mb=args.bucket_mb, compress=args.compress, algorithm=args.algorithm,
-                   servers=args.servers, staleness=args.staleness, overlap=not args.no_overlap)
+                   servers=args.servers, staleness=args.staleness, overlap=not args.no_overlap,
+                   offload_optimizer=args.offload_optimizer or None)
     # Each strategy takes only its own options (an unknown one is an error, not ignored).
     cls = strategy_class(name)
     options = {k: v for k, v in options.items() if v is not None and k in option_names(cls)}
@@ -78,8 +79,8 @@ def run(name: str, args, comm, rank: int) -> list:
 
     g = torch.Generator().manual_seed(1)
     B = args.batch
-    X = torch.randn(args.steps * B, 10, generator=g)
-    Y = torch.randint(0, 5, (args.steps * B,), generator=g)
+    X = torch.randn(args.steps * B, 10, generator=g).to(args.device)
+    Y = torch.randint(0, 5, (args.steps * B,), generator=g).to(args.device)
 
     losses = []
     if strategy.is_worker:
@@ -136,6 +137,8 @@ def main() -> None:
     ap.add_argument("--staleness", type=int, default=None)
     ap.add_argument("--no-overlap", action="store_true")
     ap.add_argument("--unused", action="store_true", help="add a parameter that gets no gradient")
+    ap.add_argument("--offload-optimizer", action="store_true", help="zero1/2/3: the optimizer on the host")
+    ap.add_argument("--device", default="cpu", help="where the model and data live (cuda: the GPU tests)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sizes", default="", help="run on sub-communicators of these sizes "
                     "(ranks 0..n-1), e.g. 1,2,3,4 in one launch of 4 ranks (default: all ranks)")

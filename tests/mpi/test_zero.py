@@ -166,3 +166,16 @@ def test_recompute_under_model_parallelism_changes_no_loss(tmp_path, grid):
         losses[flag] = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()
                         if not json.loads(line).get("summary")]
     assert len(losses[""]) == 3 and losses[""] == losses["--recompute"]
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_sharded_stages_on_cuda_with_the_optimizer_offloaded():
+    """On a GPU: zero1/2/3 with the model on CUDA and the optimizer on the host (pinned
+    copies down and up each step) equal one process on the GPU, N = 2 sharing the device."""
+    from conftest import launch_ranks
+    recs = launch_ranks(2, "dp_equivalence.py", "--dp", "zero1,zero2,zero3", "--device", "cuda", "--accum", "2",
+                        "--optimizer", "adam", "--lr", "0.01", "--offload-optimizer", "--rtol", "1e-4",
+                        "--atol", "1e-5", timeout=300).check().records()
+    assert len(recs) == 6
+    for r in recs:
+        assert r["ok"] and r["loss_ok"], r

@@ -14,9 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from psrt.dp.ps import ParameterServer, PSOptions
 from psrt.dp.ps_protocol import FlatShard
 from psrt.dp.roles import Layout, sharded_layout
+from psrt.dp.shards import ShardMap, assemble, reshard_optimizer
+from psrt.errors import PsrtError
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,29 @@ class ShardedParameterServer(ParameterServer):
 
     def _make_holder(self, lo: int, hi: int):
         return FlatShard(self.flat, lo, hi, self.make_optimizer)
+
+    reshardable = True
+
+    def load_resharded(self, states: list[dict]) -> None:
+        """Resume from a run with another number of shards: the old servers' slices of the
+        parameters and of the optimizer state are reassembled (the same key ranges as
+        ShardMap's one-unit map) and this server takes its new range."""
+        self.model.load_state_dict(states[0]["model"])
+        self._step = int(states[0]["ps"]["step"])
+        servers = sorted((s["ps"]["server"] for s in states if "server" in s["ps"]), key=lambda s: s["lo"])
+        old = ShardMap([self.flat.numel], len(servers))
+        if [(s["lo"], s["hi"]) for s in servers] != old.ranges():
+            raise PsrtError("--resume: the checkpoint's ps-sharded server ranges do not cover this "
+                            "model's parameters", everywhere=True)
+        if self.shard is None:
+            return
+        new = ShardMap([self.flat.numel], len(self.server_ranks))
+        lo, hi = self.ranges[self.shard]
+        whole = assemble(old, [[s["param"]] for s in servers])
+        with torch.no_grad():
+            self.holder.param.copy_(whole[lo:hi])
+        self.holder.optimizer.load_state_dict(
+            reshard_optimizer([s["optimizer"] for s in servers], old, new, self.shard))
 
     @property
     def shard_range(self) -> tuple[int, int] | None:

@@ -88,21 +88,21 @@ def test_bytes_sent_per_step(ledgers, n):
 
 
 def test_a_sharded_checkpoint_resumes_on_another_number_of_ranks(tmp_path):
-    """zero1/2/3 with Adam: 2 steps on 4 ranks, checkpoint, then steps 3-4 on 3 ranks (reshard
-    on load) end where 4 straight steps on 4 ranks do.  The parts of the parameters and of
+    """zero1/2/3 and ps-sharded with Adam: 2 steps on 4 ranks, checkpoint, then steps 3-4 on 3
+    ranks (reshard on load) end where 4 straight steps on 4 ranks do.  The parts of the parameters and of
     Adam's moments are reassembled and cut again; a lost or misplaced part moves a parameter
     by about the learning rate (3e-3), far above the tolerance of sums in another order."""
     import torch
     from conftest import launch_ranks
-    train = ["-m", "psrt.train", "--dp", "zero1,zero2,zero3", "--optimizer", "adam", "--batch-size", "24",
-             "--bucket-mb", "0.01", "--quiet"]
+    train = ["-m", "psrt.train", "--dp", "zero1,zero2,zero3,ps-sharded", "--optimizer", "adam",
+             "--batch-size", "24", "--bucket-mb", "0.01", "--quiet"]
     ckpt = str(tmp_path / "c.pt")
     launch_ranks(4, *train, "--steps", "4", "--save", str(tmp_path / "straight.pt")).check()
     launch_ranks(4, *train, "--steps", "2", "--checkpoint", ckpt).check()
     run = launch_ranks(3, *train, "--steps", "4", "--checkpoint", ckpt, "--resume",
                        "--save", str(tmp_path / "resumed.pt")).check()
     assert "Traceback" not in run.stderr
-    for dp in ("zero1", "zero2", "zero3"):
+    for dp in ("zero1", "zero2", "zero3", "ps-sharded"):
         a = torch.load(tmp_path / f"straight.{dp}.pt", weights_only=True)
         b = torch.load(tmp_path / f"resumed.{dp}.pt", weights_only=True)
         assert a.keys() == b.keys()

@@ -72,8 +72,9 @@ def command(args) -> int:
                 out = jobs.local(args.np, training_args(args), env={"PSRT_YIELD": yield_})
             else:
                 out = under_srun(args, yield_)
-            rows += [{"launcher": launcher, "yield": yield_, "dp": r["dp"], "step_ms": r["step_s"] * 1e3}
-                     for r in out["rows"]]
+            seen = out["meta"]["yield_when_idle"]
+            rows += [{"launcher": launcher, "yield": yield_, "dp": r["dp"], "step_ms": r["step_s"] * 1e3,
+                      "ranks_yield_when_idle": seen} for r in out["rows"]]
     step = {(r["launcher"], r["yield"], r["dp"]): r["step_ms"] for r in rows}
     for r in rows:
         r["poll_over_yield"] = step[(r["launcher"], "0", r["dp"])] / step[(r["launcher"], "1", r["dp"])]

@@ -15,6 +15,7 @@ bucketed DDP reducing through torch.distributed.
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import sys
 import time
@@ -230,6 +231,8 @@ def command(args) -> int:
                         enabled=world.rank == 0 and not args.quiet, unit="rounds")
     rows = measure(world, names, args.model, args.width, args.layers, args.batch,
                    args.steps, args.rounds, bucket_mb=args.bucket_mb, progress=progress, trace=args.trace)
+    # what each rank's MPI read at MPI_Init: shows that a PSRT_YIELD reached every rank
+    yield_when_idle = world.comm.gather(os.environ.get("OMPI_MCA_mpi_yield_when_idle"), root=0)
     if world.rank != 0:
         return 0
     if not args.quiet:
@@ -244,6 +247,7 @@ def command(args) -> int:
     if args.json:
         report.write_json(args.json, {"meta": {"world_size": world.size, "num_nodes": world.num_nodes,
                                                "model": args.model, "width": args.width, "layers": args.layers,
-                                               "batch_per_rank": args.batch, "mpi": report.mpi_version()},
+                                               "batch_per_rank": args.batch, "mpi": report.mpi_version(),
+                                               "yield_when_idle": yield_when_idle},
                                       "rows": rows})
     return 0

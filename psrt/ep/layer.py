@@ -18,6 +18,15 @@ that sees different tokens (`stats_group`, the data-parallel group) before they 
 combined, so the loss and its gradient are those of one process on the whole batch.  (With
 per-rank statistics, each rank would balance its own tokens: a different and noisier loss.)
 `aux` holds this rank's share: summed over the ranks it is the global loss.
+
+Trainers set `aux_grad`, the weight of the balance loss in this rank's objective: the layer
+then attaches `aux` to its output (AttachAux), so backward through the output also reaches
+the gate through the balance loss.  Nothing has to add the loss at the end: a pipeline stage
+without the final loss backpropagates it, and a recomputed block (whose first forward ran
+without autograd) rebuilds it with the rest (Megatron-LM's MoEAuxLossAutoScaler does the same).
+
+`tally` sums the routing figures of the forwards that autograd records (one per micro-batch,
+also under --recompute, whose first pass records nothing); trainers read and reset it.
 """
 from __future__ import annotations
 
@@ -45,6 +54,19 @@ class AllToAll(torch.autograd.Function):
         return back, None, None, None, None
 
 
+class AttachAux(torch.autograd.Function):
+    """y unchanged; backward also sends `weight` as the gradient of the scalar aux."""
+
+    @staticmethod
+    def forward(ctx, y, aux, weight):
+        ctx.weight, ctx.aux_dtype = weight, aux.dtype
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, torch.full((), ctx.weight, dtype=ctx.aux_dtype, device=grad.device), None
+
+
 class Expert(nn.Module):
     def __init__(self, dim: int, hidden: int):
         super().__init__()
@@ -69,9 +91,12 @@ class MoELayer(nn.Module):
         self.experts = nn.ModuleList(Expert(dim, hidden) for _ in range(experts))
         self.ep_group = self.stats_group = None
         self.algorithm = "native"
+        self.first_expert = 0        # global index of this rank's first expert
         self.token_groups = 1        # a one-process reference of N ranks sets N (routing.route)
+        self.aux_grad: float | None = None
         self.aux = torch.zeros(())
         self.stats: dict = {}
+        self.reset_tally()
 
     def shard(self, ep_group, stats_group, algorithm: str = "native") -> None:
         """Keep the experts of this rank of `ep_group` (a psrt Communicator); `stats_group`
@@ -80,6 +105,12 @@ class MoELayer(nn.Module):
         local = self.num_experts // size
         self.experts = nn.ModuleList(list(self.experts)[rank * local:(rank + 1) * local])
         self.ep_group, self.stats_group, self.algorithm = ep_group, stats_group, algorithm
+        self.first_expert = rank * local
+
+    def reset_tally(self) -> None:
+        E = self.num_experts
+        self.tally = {"forwards": 0, "aux": 0.0, "a2a_rows": 0,
+                      "routed": torch.zeros(E, dtype=torch.float64), "dropped": torch.zeros(E, dtype=torch.float64)}
 
     @property
     def ep_size(self) -> int:
@@ -92,6 +123,15 @@ class MoELayer(nn.Module):
         r = route(probs, self.top_k, self.capacity_factor, self.token_groups)
         self._balance(probs, r)
         y = self._variable(x, r) if self.dispatch == "variable" else self._padded(x, r)
+        if torch.is_grad_enabled():
+            t = self.tally
+            t["forwards"] += 1
+            t["aux"] += float(self.aux.detach())
+            t["a2a_rows"] += self.stats.get("a2a_rows", 0)
+            t["routed"] += self.stats["routed"]
+            t["dropped"] += self.stats["dropped"]
+            if self.aux_grad is not None:
+                y = AttachAux.apply(y, self.aux, self.aux_grad)
         return y.reshape(shape)
 
     # ------------------------------------------------------------------ load balance
@@ -171,6 +211,22 @@ class MoELayer(nn.Module):
 
 def moe_layers(model: nn.Module) -> list[MoELayer]:
     return [m for m in model.modules() if isinstance(m, MoELayer)]
+
+
+def tally(layers: list[MoELayer]) -> dict:
+    """The routing figures of these MoE layers since their last reset, summed over the
+    layers ("layers": how many), and the tallies reset."""
+    out = {"layers": 0, "forwards": 0, "aux": 0.0, "a2a_rows": 0, "routed": None, "dropped": None}
+    for m in layers:
+        t = m.tally
+        out["layers"] += 1
+        out["forwards"] = max(out["forwards"], t["forwards"])
+        out["aux"] += t["aux"]
+        out["a2a_rows"] += t["a2a_rows"]
+        for k in ("routed", "dropped"):
+            out[k] = t[k].clone() if out[k] is None else out[k] + t[k]
+        m.reset_tally()
+    return out
 
 
 def aux_loss(model: nn.Module) -> torch.Tensor:

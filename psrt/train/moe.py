@@ -9,8 +9,9 @@ the experts of its expert-parallel group through the layers' all-to-alls).  Then
   contributions of the tokens of every rank of its expert-parallel group, so the replicas'
   gradients are summed and divided by the data-parallel size: the gradient of the global
   mean loss, as one process holding every expert computes it.
-The load-balancing loss enters each rank's loss times the data-parallel size, since the
-dense gradients are averaged over the ranks and the layer's `aux` is this rank's share.
+The load-balancing loss enters each rank's objective times the data-parallel size, since the
+dense gradients are averaged over the ranks and the layer's `aux` is this rank's share; the
+layers attach it to their outputs (psrt.ep.layer.AttachAux), so it survives --recompute.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import torch
 
 from psrt.collectives.cost import wire_bytes
 from psrt.dp.base import StepStats
-from psrt.ep.layer import aux_loss, moe_layers
+from psrt.ep.layer import moe_layers, tally
 
 
 def flat_grads(params: list) -> torch.Tensor:
@@ -51,19 +52,17 @@ class MoETrainer:
         start = time.perf_counter()
         n, dp = len(microbatches), self.grid.dp
         self.optimizer.zero_grad(set_to_none=True)
-        total = aux_total = 0.0
-        routed = dropped = None
-        a2a_rows = 0
+        layers = moe_layers(self.model)
+        for layer in layers:             # each micro-batch's balance loss, backpropagated with it
+            layer.aux_grad = dp / n
+            layer.reset_tally()
+        total = 0.0
         for mb in microbatches:
             loss = loss_fn(mb)
-            aux = aux_loss(self.model)
-            ((loss + dp * aux) / n).backward()
+            (loss / n).backward()
             total += float(loss.detach())
-            aux_total += float(aux.detach())
-            for layer in moe_layers(self.model):
-                routed = layer.stats["routed"] if routed is None else routed + layer.stats["routed"]
-                dropped = layer.stats["dropped"] if dropped is None else dropped + layer.stats["dropped"]
-                a2a_rows += layer.stats.get("a2a_rows", 0)
+        seen = tally(layers)
+        aux_total, routed, dropped, a2a_rows = seen["aux"], seen["routed"], seen["dropped"], seen["a2a_rows"]
         t_comm = time.perf_counter()
         dense = self.grid.dp_group.allreduce(flat_grads(self.dense), op="avg", algorithm=self.algorithm)
         unflat_grads(self.dense, dense)

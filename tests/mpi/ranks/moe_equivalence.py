@@ -6,7 +6,8 @@ usage: mpirun -np N python moe_equivalence.py   (N = 4: EP = 1, 2 and 4 inside D
 The one-process reference is computed on every rank without communication: the same seed,
 the global batch (the ranks' slices in rank order), routing with token_groups = N so that each
 rank's tokens get the same expert places and drops as in the parallel run.  Cases: top-1 and
-top-2, variable and padded dispatch, a capacity with room for every token and one that drops.
+top-2, variable and padded dispatch, a capacity with room for every token and one that drops,
+and --recompute (whose first forward records no graph for the balance loss).
 Prints one PSRT-RESULT line per rank.
 """
 import json
@@ -29,9 +30,9 @@ g = torch.Generator().manual_seed(5)
 batches = [torch.randint(len(data), (B,), generator=g) for _ in range(STEPS)]
 
 
-def make(opts):
+def make(opts, recompute=False):
     torch.manual_seed(11)
-    return build_model("moe", data, width=32, layers=2, **opts)
+    return build_model("moe", data, width=32, layers=2, recompute=recompute, **opts)
 
 
 def loss_of(model, x, y):
@@ -62,10 +63,13 @@ for ep in (1, 2, 4):
     for opts in ({"experts": 4, "top_k": 1, "capacity_factor": 8.0},
                  {"experts": 4, "top_k": 2, "capacity_factor": 8.0, "dispatch": "padded"},
                  {"experts": 8, "top_k": 2, "capacity_factor": 0.5},          # drops tokens
-                 {"experts": 4, "top_k": 1, "capacity_factor": 0.5, "dispatch": "padded"}):
+                 {"experts": 4, "top_k": 1, "capacity_factor": 0.5, "dispatch": "padded"},
+                 {"experts": 4, "top_k": 2, "capacity_factor": 0.5, "recompute": True}):
+        opts = dict(opts)
+        recompute = opts.pop("recompute", False)      # the balance loss must survive it
         ref, ref_drops, ref_losses = reference(opts)
         grid = Grid.build(world.comm, ep=ep)
-        model = make(opts)
+        model = make(opts, recompute)
         for layer in moe_layers(model):
             layer.shard(grid.ep_group, grid.dp_group, algorithm="pairwise" if ep == 2 else "native")
         trainer = MoETrainer(model, lambda p: torch.optim.SGD(p, lr=0.5), grid, algorithm="ring")
@@ -75,7 +79,7 @@ for ep in (1, 2, 4):
             stats = trainer.step(lambda mb: loss_of(model, *mb), [(data.train_x[mine], data.train_y[mine])])
             drops.append(float(stats.extra["dropped"].sum()))
             losses.append(stats.loss)
-        name = f"ep={ep} {opts}"
+        name = f"ep={ep} {opts} recompute={recompute}"
         local = len(moe_layers(model)[0].experts)
         want = dict(ref.named_parameters())
         for pname, p in model.named_parameters():

@@ -18,11 +18,19 @@ the sequence back.  The LayerNorms and the row-parallel biases then see only thi
 tokens: their gradients are marked `sequence_parallel` and summed over the TP group after
 backward (psrt.tp.comm.reduce_sequence_parallel_grads).
 
+A block whose MLP is not the dense Linear-GELU-Linear (a mixture of experts, --model moe) keeps
+that module whole on every TP rank: its input is whole and equal there, so each TP rank
+computes the same and the gradients agree without communication, like the LayerNorms'.
+(An MoE layer spreads its experts over the expert-parallel group instead, psrt.ep, whose
+ranks share the TP rank.)
+
 `shard_dense` loads a dense psrt.train.models.TransformerLM into it; `shard_specs` says which
 slice of which dense tensor each parameter is, so tests and psrt.train.hybrid compare parameters
 and gradients with a single-process run.
 """
 from __future__ import annotations
+
+import copy
 
 import torch
 import torch.nn.functional as F
@@ -165,6 +173,11 @@ def shard_specs(model: TPTransformerLM) -> dict[str, tuple[str, int | None, torc
             t + "mlp.fc1.weight": (s + "mlp.0.weight", 0, hid), t + "mlp.fc1.bias": (s + "mlp.0.bias", 0, hid),
             t + "mlp.fc2.weight": (s + "mlp.2.weight", 1, hid), t + "mlp.fc2.bias": (s + "mlp.2.bias", *whole),
         })
+        mlp = model.blocks[i].mlp
+        if not isinstance(mlp, ParallelMLP):       # kept whole: the dense names
+            for k in [k for k in specs if k.startswith(t + "mlp.")]:
+                del specs[k]
+            specs.update({t + "mlp." + name: (s + "mlp." + name, *whole) for name, _ in mlp.named_parameters()})
     return specs
 
 
@@ -175,12 +188,18 @@ def take(spec, tensor: torch.Tensor) -> torch.Tensor:
     return t.clone() if dim is None else t.index_select(dim, index.to(t.device))
 
 
+def _dense_mlp(mlp: nn.Module) -> bool:
+    """Whether a dense block's MLP is the Linear-GELU-Linear that TP splits."""
+    return isinstance(mlp, nn.Sequential) and len(mlp) == 3 and isinstance(mlp[0], nn.Linear)
+
+
 def shard_dense(dense: nn.Module, group, sequence_parallel: bool = False) -> TPTransformerLM:
     """A TPTransformerLM holding this rank's slices of a dense psrt.train.models.TransformerLM."""
     try:
         vocab, dim = dense.embed.tok.num_embeddings, dense.embed.tok.embedding_dim
         heads, max_len = dense.blocks[0].heads, dense.embed.pos.num_embeddings
-        hidden = dense.blocks[0].mlp[0].out_features
+        mlps = [b.mlp for b in dense.blocks if _dense_mlp(b.mlp)]
+        hidden = mlps[0][0].out_features if mlps else 4 * dim
     except (AttributeError, IndexError, TypeError) as err:
         raise PsrtError(f"shard_dense needs a psrt.train.models.TransformerLM (embed.tok, embed.pos, "
                         f"blocks[i].qkv/proj/mlp, head.ln/out): {err}") from None
@@ -188,8 +207,14 @@ def shard_dense(dense: nn.Module, group, sequence_parallel: bool = False) -> TPT
     # so what the caller draws next is the same on every rank and for every TP degree.
     with torch.random.fork_rng(devices=[]):
         model = TPTransformerLM(vocab, dim, len(dense.blocks), heads, max_len, group, hidden, sequence_parallel)
-    for block in model.blocks:          # --recompute carries over from the dense blocks
-        block.recompute = getattr(dense.blocks[0], "recompute", False)
+    for block, source in zip(model.blocks, dense.blocks):
+        block.recompute = getattr(source, "recompute", False)        # --recompute carries over
+        if not _dense_mlp(source.mlp):
+            if sequence_parallel:
+                raise PsrtError("--sequence-parallel: a block whose MLP is not Linear-GELU-Linear (a mixture "
+                                "of experts) takes whole sequences; leave --sequence-parallel out",
+                                everywhere=True)
+            block.mlp = copy.deepcopy(source.mlp)     # the whole module, on every TP rank
     state = dict(dense.named_parameters())
     specs = shard_specs(model)
     with torch.no_grad():

@@ -174,9 +174,9 @@ class TrainConfig:
         if self.recompute and self.model not in ("transformer", "moe"):
             raise PsrtError(f"--recompute recomputes transformer blocks; --model {self.model} has none "
                             "(use --model transformer or moe)", everywhere=True)
-        if self.pp * self.tp != 1 and self.model != "transformer":
+        if self.pp * self.tp != 1 and self.model not in ("transformer", "moe"):
             raise PsrtError(f"--pp {self.pp} --tp {self.tp}: model parallelism splits the transformer; "
-                            f"use --model transformer (got --model {self.model})", everywhere=True)
+                            f"use --model transformer or moe (got --model {self.model})", everywhere=True)
         if self.pp * self.tp != 1 and (self.resume or self.checkpoint):
             raise PsrtError("--checkpoint/--resume are not available with --pp/--tp", everywhere=True)
         if self.resume and not self.checkpoint:
@@ -203,11 +203,11 @@ class TrainConfig:
         if self.ep < 1 or self.experts % self.ep:
             raise PsrtError(f"--experts {self.experts} does not split over --ep {self.ep}: every rank of an "
                             "expert-parallel group holds experts/ep experts", everywhere=True)
-        if self.pp * self.tp != 1:
-            raise PsrtError("--model moe trains with data and expert parallelism; --pp/--tp do not "
-                            "apply to it", everywhere=True)
+        if self.sequence_parallel:
+            raise PsrtError("--sequence-parallel with --model moe: the MoE layers take whole sequences "
+                            "(every TP rank routes the same tokens)", everywhere=True)
         bad = [d for d in self.dp_list if d not in MOE_DP]
-        if bad:
+        if bad and self.pp * self.tp == 1:      # with --pp/--tp the hybrid run's --dp check applies
             raise PsrtError(f"--dp {','.join(bad)} with --model moe: the dense gradients reduce with one "
                             f"of {', '.join(MOE_DP)}", everywhere=True)
         if self.resume or self.checkpoint:

@@ -5,6 +5,12 @@ stages form a pipeline over grid.pp_comm running a psrt.pp schedule; every (pp, 
 is replicated over the dp axis, and its gradients are summed over grid.dp_group with a
 selectable algorithm (ring or ps, or any psrt algorithm) before the optimizer steps.
 
+With mixture-of-experts blocks (--model moe) the grid's expert-parallel axis, carved out of
+dp, spreads each MoE layer's experts (psrt.ep); the layer is whole on every TP rank.  Expert
+gradients are summed over the ranks holding the same experts (grid.edp_group), the rest over
+dp; each layer attaches its balance loss to its output with weight 1/micro-batches, so the
+stage that holds it backpropagates it (psrt.ep.layer.AttachAux).
+
 Exactness: micro-batch i on data-parallel rank d is weighted by its share of the GLOBAL
 batch's target tokens, and the gradients are summed (not averaged) over dp, so a step
 computes the gradient of the global batch's mean loss exactly, for any batch size, dp
@@ -27,6 +33,7 @@ from psrt.collectives.cost import wire_bytes
 from psrt.collectives.layout import shard_range
 from psrt.dp.base import StepStats as DPStepStats
 from psrt.dp.common import copy_back, flatten, optimizer_factory
+from psrt.ep.layer import moe_layers, tally
 from psrt.errors import PsrtError, make_options
 from psrt.grid import Grid
 from psrt.pp import PipelineRuntime, build_stages, make_schedule, split_batch
@@ -133,12 +140,17 @@ class HybridTrainer:
         # The TP group counts its traffic for the step's bytes_sent.
         self.tp = CountingGroup(grid.tp_group)
         model = shard_dense(dense if dense is not None else dense_model(cfg), self.tp, cfg.sequence_parallel)
+        for layer in moe_layers(model):
+            layer.shard(grid.ep_group, grid.dp_group, algorithm="pairwise")
+            layer.aux_grad = 1 / cfg.microbatches
         blocks = [model.embed, *model.blocks, model.head]
         self.schedule = make_schedule(cfg.schedule, grid.pp, cfg.microbatches, cfg.virtual_stages)
         stage_ids = self.schedule.stages_of(grid.pp_rank)
         stages = build_stages(blocks, self.schedule.num_stages, stage_ids, cfg.splits)
+        self.moe = [m for st in stages.values() for m in moe_layers(st)]      # this rank's MoE layers
+        self.expert_ids = {id(p) for m in self.moe for p in m.experts.parameters()}
         self.names = {id(p): n for n, p in model.named_parameters()}
-        self.specs = shard_specs(model)
+        self.specs = expert_specs(model, shard_specs(model))
         for st in stages.values():
             st.to(device)
         loss = loss_fn(self.tp, cfg.vocab)
@@ -177,12 +189,13 @@ class HybridTrainer:
         for p in self.params:
             p.grad = None
         self.tp.reset()
+        tally(self.moe)
         with torch.autocast(self.device.type, dtype=self.compute_dtype or torch.float32,
                             enabled=self.compute_dtype is not None):
             pp = self.runtime.step(xs, ys, weights)
         reduce_sequence_parallel_grads(self.params, self.tp)      # nothing without --sequence-parallel
         t0 = time.perf_counter()
-        payload = self._allreduce_grads()
+        payload, expert_payload = self._allreduce_grads()
         dp_s = time.perf_counter() - t0
         self.optimizer.step()
         loss = g.dp_comm.allreduce(pp.loss)                 # sum of the dp ranks' shares
@@ -191,35 +204,48 @@ class HybridTrainer:
         tp_sent = (wire_bytes("allreduce", "native", self.tp.bytes.get("allreduce", 0), g.tp, g.tp_rank)
                    + wire_bytes("allgather", "native", g.tp * self.tp.bytes.get("allgather", 0), g.tp, g.tp_rank)
                    + wire_bytes("reduce_scatter", "native", self.tp.bytes.get("reduce_scatter", 0), g.tp, g.tp_rank))
-        dp_sent = wire_bytes("allreduce", cfg.dp_algorithm, payload, g.dp, g.dp_rank)
+        dp_sent = (wire_bytes("allreduce", cfg.dp_algorithm, payload, g.dp, g.dp_rank)
+                   + wire_bytes("allreduce", cfg.dp_algorithm, expert_payload, g.edp_group.size, g.edp_group.rank))
+        moe = tally(self.moe)
+        # MoE rows leave the rank in forward dispatch and combine, and again in backward
+        a2a_sent = 2 * moe["a2a_rows"] * (self.moe[0].gate.in_features if self.moe else 0) * 4
         return DPStepStats(loss=loss, compute_s=pp.busy_s, comm_s=pp.wait_s + dp_s,
-                           bytes_sent=pp.bytes_sent + tp_sent + dp_sent,
-                           extra={"step_s": pp.total_s, "bubble": pp.bubble, "dp_comm_s": dp_s,
+                           bytes_sent=pp.bytes_sent + tp_sent + dp_sent + a2a_sent,
+                           extra={"moe": moe, "a2a_bytes": a2a_sent,"step_s": pp.total_s, "bubble": pp.bubble, "dp_comm_s": dp_s,
                                   "pp_bytes_sent": pp.bytes_sent, "tp_bytes_sent": tp_sent,
                                   "dp_bytes_sent": dp_sent,
                                   "dp_payload_bytes": payload,
                                   "peak_activation_bytes": pp.peak_activation_bytes,
                                   "peak_live_microbatches": pp.peak_live_microbatches})
 
-    def _allreduce_grads(self) -> int:
-        """Sum the gradients over the dp axis in one flat buffer; returns its bytes."""
-        if self.grid.dp == 1 or not self.params:
-            return 0
+    def _allreduce_grads(self) -> tuple[int, int]:
+        """Sum the gradients over the dp axis, each group in one flat buffer: experts over
+        the ranks holding the same experts (edp), the rest over dp; returns both buffers' bytes."""
         for p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in self.params]
-        flat = flatten(grads)
-        self.grid.dp_group.allreduce(flat, op="sum", out=flat, algorithm=self.cfg.dp_algorithm)
-        copy_back(flat, grads)
-        return flat.numel() * flat.element_size()
+        payload = []
+        for group, params in ((self.grid.dp_group, [p for p in self.params if id(p) not in self.expert_ids]),
+                              (self.grid.edp_group, [p for p in self.params if id(p) in self.expert_ids])):
+            if group.size == 1 or not params:
+                payload.append(0)
+                continue
+            grads = [p.grad for p in params]
+            flat = flatten(grads)
+            group.allreduce(flat, op="sum", out=flat, algorithm=self.cfg.dp_algorithm)
+            copy_back(flat, grads)
+            payload.append(flat.numel() * flat.element_size())
+        return payload[0], payload[1]
 
     def dense_state_dict(self, root: int = 0) -> dict | None:
         """The whole model as a psrt.train.models.TransformerLM state dict, assembled on grid rank
-        `root` from every (pp, tp) shard of dp replica 0; None on the other ranks."""
+        `root` from every (pp, tp) shard of dp replica 0 (and the experts of its expert-parallel
+        group); None on the other ranks."""
         pieces = []
-        if self.grid.dp_rank == 0:
+        if self.grid.dp_rank < self.grid.ep:
             for name, p in self.named_parameters():
+                if self.grid.dp_rank > 0 and id(p) not in self.expert_ids:
+                    continue
                 dense_name, dim, index = self.specs[name]
                 pieces.append((dense_name, dim, None if index is None else index.tolist(),
                                p.detach().cpu()))
@@ -239,6 +265,20 @@ class HybridTrainer:
                 full.narrow(dim, 0, old.shape[dim]).copy_(old)
             state[dense_name] = full.index_copy_(dim, torch.tensor(index), t)
         return state
+
+
+def expert_specs(model: nn.Module, specs: dict) -> dict:
+    """`specs` with each MoE layer's local experts named by their global index (local expert
+    i of a layer whose first expert is f is the dense model's expert f + i)."""
+    out = dict(specs)
+    for b, block in enumerate(model.blocks):
+        first = getattr(block.mlp, "first_expert", 0)
+        prefix = f"blocks.{b}.mlp.experts."
+        for name, (dense_name, dim, index) in specs.items():
+            if name.startswith(prefix):
+                i, rest = name[len(prefix):].split(".", 1)
+                out[name] = (f"{prefix}{first + int(i)}.{rest}", dim, index)
+    return out
 
 
 def run(grid: Grid, cfg: HybridConfig, batches, dense: nn.Module | None = None, device="cpu",

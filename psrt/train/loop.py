@@ -309,9 +309,10 @@ def check_hybrid(cfg: TrainConfig, dp: str) -> None:
 def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer = OFF) -> dict | None:
     """Train with a DP x PP x TP grid; returns the summary row on grid rank 0, else None."""
     check_hybrid(cfg, dp)
-    grid = Grid.build(world.comm, pp=cfg.pp, tp=cfg.tp)
+    grid = Grid.build(world.comm, pp=cfg.pp, tp=cfg.tp, ep=cfg.ep)
     torch.manual_seed(cfg.seed)
-    model = build_model("transformer", dataset, cfg.width, cfg.layers, cfg.recompute)
+    moe = moe_options(cfg) if cfg.model == "moe" else {}
+    model = build_model(cfg.model if moe else "transformer", dataset, cfg.width, cfg.layers, cfg.recompute, **moe)
     hcfg = HybridConfig.for_model(model, schedule="1f1b", microbatches=cfg.accum,
                                   dp_algorithm=cfg.algorithm or HYBRID_DP[dp],
                                   sequence_parallel=cfg.sequence_parallel)
@@ -327,12 +328,15 @@ def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer 
     metrics = report.Metrics(cfg.path_for(cfg.metrics, dp) if lead else None)
     compute = comm = 0.0
     sent, loss = 0, float("nan")
+    routing = []                       # each step's MoE tally of this rank's layers
     ctl.Barrier()
     t0 = time.perf_counter()
     for step in range(total):
         idx = sampler.global_indices(step)
         stats = trainer.step(dataset.train_x[idx], dataset.train_y[idx])
         compute, comm, sent, loss = compute + stats.compute_s, comm + stats.comm_s, sent + stats.bytes_sent, stats.loss
+        if moe:
+            routing.append(stats.extra["moe"] | {"a2a": stats.extra["a2a_bytes"]})
         if lead:
             metrics.write({"dp": dp, "pp": grid.pp, "tp": grid.tp, "step": step + 1,
                            "loss": report.finite(stats.loss), "compute_s": stats.compute_s,
@@ -344,6 +348,10 @@ def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer 
     mine = {"worker": True, "compute_s": compute, "comm_s": comm, "bytes": sent,
             "opt": optimizer_state_bytes(trainer.optimizer),
             "steps": total, "loss": float(loss), "test_loss": None, "test_acc": None, "wall": wall}
+    if moe:
+        # routing figures are already summed over dp: each (pp stage, tp rank 0) of dp rank 0 adds its layers
+        mine["a2a"] = sum(r["a2a"] for r in routing)
+        mine["routing"] = routing if grid.dp_rank == 0 and grid.tp_rank == 0 else []
     everyone = ctl.gather(mine, root=0)
     grid.free()
     if scaler:
@@ -355,9 +363,18 @@ def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer 
     mine["test_loss"], mine["test_acc"] = evaluate(model, dataset)
     if cfg.save:
         checkpoint.atomic_save(model.state_dict(), cfg.path_for(cfg.save, dp))
-    row = summarize(f"{dp} pp{grid.pp} tp{grid.tp}", everyone, mine, cfg.batch_size)
+    name = f"{dp} pp{grid.pp} tp{grid.tp}" + (f" ep{cfg.ep}" if moe else "")
+    row = summarize(name, everyone, mine, cfg.batch_size)
     if scaler:
         row.update(loss_scale=scaler.scale, skipped_steps=scaler.skipped)
+    if moe:
+        steps = [s for r in everyone for s in r["routing"]]
+        layers = sum(s["layers"] for s in steps) / total
+        routed = sum(s["routed"] for s in steps if s["layers"])
+        dropped = sum(s["dropped"] for s in steps if s["layers"])
+        row.update(moe_summary(cfg, grid.dp, routed, dropped, total, round(layers),
+                               sum(r["a2a"] for r in everyone) / len(everyone), model.embed.tok.embedding_dim,
+                               layers_per_rank=layers / grid.pp))
     metrics.close()
     return row
 
@@ -421,11 +438,21 @@ def train_moe(cfg: TrainConfig, dp: str, world, ctl, dataset) -> dict | None:
     if cfg.save:
         checkpoint.atomic_save(model.state_dict(), cfg.path_for(cfg.save, dp))
     row = summarize(f"{dp} ep{cfg.ep}", everyone, mine, cfg.batch_size)
-    tokens = cfg.batch_size // grid.dp * cfg.seq_len          # per rank per step
-    width = trainer.model_width()
-    row.update(moe=True, experts=cfg.experts, ep=cfg.ep, top_k=cfg.top_k,
-               routed_per_step=(routed / total / len(moe_layers(model))).tolist(),
-               dropped_frac=float(dropped.sum() / routed.sum()) if routed.sum() else 0.0,
-               a2a_bytes_per_step=sum(r["a2a"] for r in everyone) / len(everyone) / total,
-               a2a_uniform=4 * tokens * cfg.top_k * width * 4 * (cfg.ep - 1) / cfg.ep * len(moe_layers(model)))
+    row.update(moe_summary(cfg, grid.dp, routed, dropped, total, len(moe_layers(model)),
+                           sum(r["a2a"] for r in everyone) / len(everyone), trainer.model_width()))
     return row
+
+
+def moe_summary(cfg: TrainConfig, dp: int, routed, dropped, steps: int, layers: int, a2a: float, width: int,
+                layers_per_rank: float | None = None) -> dict:
+    """The summary row's MoE fields: tokens routed per expert per step and layer, the dropped
+    fraction, all-to-all bytes per rank and step (a2a: summed over the steps, mean of the
+    ranks) beside the uniform-routing model, 4 all-to-alls per layer of T k h 4 (EP-1)/EP bytes
+    (a pipeline rank holds layers / pp of the layers: layers_per_rank)."""
+    tokens = cfg.batch_size // dp * cfg.seq_len          # per rank per step
+    layers_per_rank = layers if layers_per_rank is None else layers_per_rank
+    return dict(moe=True, experts=cfg.experts, ep=cfg.ep, top_k=cfg.top_k,
+                routed_per_step=(routed / steps / max(layers, 1)).tolist(),
+                dropped_frac=float(dropped.sum() / routed.sum()) if routed.sum() else 0.0,
+                a2a_bytes_per_step=a2a / steps,
+                a2a_uniform=4 * tokens * cfg.top_k * width * 4 * (cfg.ep - 1) / cfg.ep * layers_per_rank)

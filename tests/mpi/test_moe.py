@@ -23,6 +23,26 @@ def test_expert_parallel_equals_one_process(run_ranks):
         assert rec["failures"] == [] and rec["checked"] > 500, rec
 
 
+def test_moe_on_a_pipeline_and_tensor_parallel_grid_equals_one_process(run_ranks):
+    """pp 2 x dp 2 and tp 2 x dp 2 with ep 2, pp 2 x tp 2; top-1 and top-2, drops, padded
+    dispatch, --recompute under the pipeline (tests/mpi/ranks/moe_hybrid_equivalence.py)."""
+    records = run_ranks(4, "moe_hybrid_equivalence.py", timeout=300).check().records()
+    assert len(records) == 4
+    for rec in records:
+        assert rec["failures"] == [] and rec["checked"] > 100, rec
+
+
+def test_train_moe_with_pp_routes_every_token_and_counts_the_all_to_all(tmp_path):
+    """psrt.train --model moe --pp 2 --ep 2: the routing summary gathers both stages' layers."""
+    run = ranks(4, "--model", "moe", "--pp", "2", "--experts", "4", "--ep", "2", "--top-k", "2", "--steps", "2",
+                "--width", "32", "--quiet", "--metrics", str(tmp_path / "m.jsonl")).check()
+    assert "ring pp2 tp1 ep2: 4 experts, top-2, ep 2; tokens routed per expert per step and layer: e0 " \
+        in run.stdout, run.stdout
+    summary = json.loads((tmp_path / "m.jsonl").read_text().splitlines()[-1])
+    assert sum(summary["routed_per_step"]) == 2 * 64 * 64, summary     # k x global tokens, per layer
+    assert 0.5 < summary["a2a_bytes_per_step"] / summary["a2a_uniform"] < 1.5, summary
+
+
 def test_train_moe_summary_and_metrics(tmp_path):
     run = ranks(4, "--model", "moe", "--experts", "4", "--ep", "2", "--top-k", "2", "--steps", "3",
                 "--width", "32", "--quiet", "--metrics", str(tmp_path / "m.jsonl")).check()
@@ -44,6 +64,7 @@ def test_train_moe_summary_and_metrics(tmp_path):
     (["--model", "moe", "--capacity-factor", "-1"], "--capacity-factor -1.0: must be a positive number"),
     (["--model", "moe", "--dp", "zero"], "--dp zero with --model moe: the dense gradients reduce with one of"),
     (["--experts", "8"], "--experts: for --model moe only"),
+    (["--model", "moe", "--tp", "2", "--sequence-parallel"], "--sequence-parallel with --model moe"),
 ])
 def test_bad_moe_input_is_one_line_and_exit_2(argv, words):
     run = ranks(2, *argv, "--steps", "1")

@@ -188,8 +188,9 @@ class MoELayer(nn.Module):
         got = self._exchange(x[tok], send_counts, recv_counts)
         ids = torch.repeat_interleave(torch.arange(local).repeat(P), recv_pe.reshape(-1))
         back = self._exchange(self._run(got, ids), recv_counts, send_counts)
-        weight = r.gate[tok, slot].unsqueeze(-1).to(back.dtype)
-        return x.new_zeros(x.shape).index_add(0, tok, back * weight)
+        # under autocast the experts answer in the compute dtype; the residual stream keeps x's
+        weight = r.gate[tok, slot].unsqueeze(-1).to(x.dtype)
+        return x.new_zeros(x.shape).index_add(0, tok, back.to(x.dtype) * weight)
 
     def _padded(self, x: torch.Tensor, r) -> torch.Tensor:
         P, local, cap, G = self.ep_size, len(self.experts), r.capacity, self.token_groups
@@ -205,8 +206,8 @@ class MoELayer(nn.Module):
         got = self._exchange(buf, counts, counts)
         ids = torch.arange(local).repeat_interleave(cap).repeat(P * G)
         back = self._exchange(self._run(got, ids), counts, counts)
-        weight = r.gate[tok, slot].unsqueeze(-1).to(back.dtype)
-        return x.new_zeros(x.shape).index_add(0, tok, back[place] * weight)
+        weight = r.gate[tok, slot].unsqueeze(-1).to(x.dtype)
+        return x.new_zeros(x.shape).index_add(0, tok, back[place].to(x.dtype) * weight)
 
 
 def moe_layers(model: nn.Module) -> list[MoELayer]:

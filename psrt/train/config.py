@@ -166,8 +166,6 @@ class TrainConfig:
             raise PsrtError(f"--model {self.model} cannot train on --data {self.data}: the transformers "
                             "(transformer, moe) need --data text, and text needs one of them", everywhere=True)
         self.check_moe(own)
-        if self.precision != "fp32" and self.model == "moe":
-            raise PsrtError(f"--precision {self.precision} is not available with --model moe yet", everywhere=True)
         if self.sequence_parallel and self.tp == 1:
             raise PsrtError("--sequence-parallel splits the sequence over the tensor-parallel ranks: "
                             "it needs --tp 2 or more", everywhere=True)

@@ -157,7 +157,7 @@ class HybridTrainer:
         if scaler is not None:
             unscaled = loss
             loss = lambda logits, target: scaler(unscaled(logits, target))  # noqa: E731
-        self.compute_dtype = compute_dtype
+        self.compute_dtype, self.scaler = compute_dtype, scaler
         self.runtime = PipelineRuntime(stages, self.schedule, grid.pp_comm, loss, device, cfg.timeout_s, tracer)
         self.params = list(self.runtime.parameters())
         make_optimizer = make_optimizer or optimizer_factory(cfg.optimizer, cfg.lr, cfg.momentum)
@@ -190,6 +190,8 @@ class HybridTrainer:
             p.grad = None
         self.tp.reset()
         tally(self.moe)
+        for layer in self.moe:          # fp16: the balance loss scaled as the loss is
+            layer.aux_grad = (self.scaler.scale if self.scaler else 1.0) / cfg.microbatches
         with torch.autocast(self.device.type, dtype=self.compute_dtype or torch.float32,
                             enabled=self.compute_dtype is not None):
             pp = self.runtime.step(xs, ys, weights)

@@ -57,7 +57,7 @@ def check_strategies(cfg: TrainConfig) -> None:
     hybrid = cfg.pp * cfg.tp != 1
     accepted = {"algorithm"} if hybrid else set()
     for dp in cfg.dp_list:
-        if not hybrid:      # a hybrid run steps the optimizer on every rank: fp16 works with all
+        if not hybrid and cfg.model != "moe":   # hybrid and MoE runs step on every rank: fp16 works with all
             precision.check(cfg.precision, dp)
         if hybrid:
             check_hybrid(cfg, dp)
@@ -399,7 +399,16 @@ def train_moe(cfg: TrainConfig, dp: str, world, ctl, dataset) -> dict | None:
     model = build_model("moe", dataset, cfg.width, cfg.layers, cfg.recompute, **moe_options(cfg))
     for layer in moe_layers(model):
         layer.shard(grid.ep_group, grid.dp_group, algorithm="pairwise")
-    trainer = MoETrainer(model, make_optimizer(cfg), grid, algorithm=MOE_DP[dp])
+    compute_dtype = precision.DTYPES[cfg.precision]
+    scaler = precision.LossScaler(world.comm.Dup()) if cfg.precision == "fp16" else None
+    make_opt = precision.scaled_factory(make_optimizer(cfg), scaler) if scaler else make_optimizer(cfg)
+    trainer = MoETrainer(model, make_opt, grid, algorithm=MOE_DP[dp], scaler=scaler)
+
+    def loss_fn(mb):            # as train_one's: autocast forward, fp32 loss, scaled for fp16
+        with torch.autocast("cpu", dtype=compute_dtype or torch.float32, enabled=compute_dtype is not None):
+            loss = loss_and_correct(model, mb, dataset.task)[0].float()
+        return scaler(loss) if scaler else loss
+
     sampler = ShardedSampler(len(dataset), cfg.batch_size, grid.dp, grid.dp_rank, cfg.accum, cfg.seed)
     total = cfg.steps or cfg.epochs * sampler.steps_per_epoch
     lead = world.rank == 0
@@ -413,7 +422,7 @@ def train_moe(cfg: TrainConfig, dp: str, world, ctl, dataset) -> dict | None:
     t0 = time.perf_counter()
     for step in range(total):
         mbs = [(x_all[i], y_all[i]) for i in sampler.microbatches(step)]
-        stats = trainer.step(lambda mb: loss_and_correct(model, mb, dataset.task)[0], mbs)
+        stats = trainer.step(loss_fn, mbs)
         compute, comm, sent, loss = compute + stats.compute_s, comm + stats.comm_s, sent + stats.bytes_sent, stats.loss
         a2a += stats.extra["a2a_bytes"]
         step_routed, step_dropped = stats.extra["routed"], stats.extra["dropped"]
@@ -432,12 +441,16 @@ def train_moe(cfg: TrainConfig, dp: str, world, ctl, dataset) -> dict | None:
             "test_loss": test_loss, "test_acc": test_acc, "wall": wall, "a2a": a2a}
     everyone = ctl.gather(mine, root=0)
     grid.free()
+    if scaler:
+        scaler.comm.Free()
     metrics.close()
     if not lead:
         return None
     if cfg.save:
         checkpoint.atomic_save(model.state_dict(), cfg.path_for(cfg.save, dp))
     row = summarize(f"{dp} ep{cfg.ep}", everyone, mine, cfg.batch_size)
+    if scaler:
+        row.update(loss_scale=scaler.scale, skipped_steps=scaler.skipped)
     row.update(moe_summary(cfg, grid.dp, routed, dropped, total, len(moe_layers(model)),
                            sum(r["a2a"] for r in everyone) / len(everyone), trainer.model_width()))
     return row

@@ -38,10 +38,12 @@ def unflat_grads(params: list, flat: torch.Tensor) -> None:
 
 class MoETrainer:
     """Args: model (MoE layers already sharded: layer.shard), make_optimizer, grid (a
-    psrt.grid.Grid with ep), algorithm: the dense gradients' all-reduce algorithm."""
+    psrt.grid.Grid with ep), algorithm: the dense gradients' all-reduce algorithm, scaler: the
+    psrt.dp.precision.LossScaler of an fp16 run (loss_fn scales the loss, make_optimizer
+    builds ScaledOptimizers), so the balance loss is scaled alike."""
 
-    def __init__(self, model: torch.nn.Module, make_optimizer, grid, algorithm: str = "ring"):
-        self.model, self.grid, self.algorithm = model, grid, algorithm
+    def __init__(self, model: torch.nn.Module, make_optimizer, grid, algorithm: str = "ring", scaler=None):
+        self.model, self.grid, self.algorithm, self.scaler = model, grid, algorithm, scaler
         expert_ids = {id(p) for m in moe_layers(model) for p in m.experts.parameters()}
         params = [p for p in model.parameters() if p.requires_grad]
         self.dense = [p for p in params if id(p) not in expert_ids]
@@ -53,8 +55,9 @@ class MoETrainer:
         n, dp = len(microbatches), self.grid.dp
         self.optimizer.zero_grad(set_to_none=True)
         layers = moe_layers(self.model)
+        scale = self.scaler.scale if self.scaler else 1.0      # fp16: as loss_fn scales the loss
         for layer in layers:             # each micro-batch's balance loss, backpropagated with it
-            layer.aux_grad = dp / n
+            layer.aux_grad = dp / n * scale
             layer.reset_tally()
         total = 0.0
         for mb in microbatches:

@@ -43,6 +43,21 @@ def test_train_moe_with_pp_routes_every_token_and_counts_the_all_to_all(tmp_path
     assert 0.5 < summary["a2a_bytes_per_step"] / summary["a2a_uniform"] < 1.5, summary
 
 
+def test_moe_mixed_precision_reaches_the_fp32_loss():
+    """--precision fp16 (loss scaling, the balance loss scaled alike) and bf16 on a pipeline:
+    the final training loss within 2% of fp32's after 20 steps."""
+    def final_loss(*argv):
+        run = ranks(4, "--model", "moe", "--experts", "4", "--ep", "2", "--steps", "20", "--width", "32",
+                    "--quiet", *argv).check()
+        line = next(x for x in run.stdout.splitlines() if x.startswith("ring ") and " 20 " in x)
+        return float(line.split()[line.split().index("20") + 1]), run.stdout
+    fp32, _ = final_loss()
+    fp16, out = final_loss("--precision", "fp16")
+    assert "fp16 loss scaling skipped" in out, out
+    bf16, _ = final_loss("--precision", "bf16", "--pp", "2")
+    assert abs(fp16 - fp32) < 0.02 * fp32 and abs(bf16 - fp32) < 0.02 * fp32, (fp32, fp16, bf16)
+
+
 def test_train_moe_summary_and_metrics(tmp_path):
     run = ranks(4, "--model", "moe", "--experts", "4", "--ep", "2", "--top-k", "2", "--steps", "3",
                 "--width", "32", "--quiet", "--metrics", str(tmp_path / "m.jsonl")).check()

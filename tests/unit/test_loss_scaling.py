@@ -56,7 +56,6 @@ def test_the_loss_keeps_its_value_and_only_its_gradient_is_scaled():
 @pytest.mark.parametrize("argv,words", [
     ("--dp ps --precision fp16", "--precision fp16 with --dp ps: loss scaling needs every rank"),
     ("--dp horovod --precision fp16", "--precision fp16 with --dp horovod"),
-    ("--model moe --precision bf16", "--precision bf16 is not available with --model moe"),
 ])
 def test_where_fp16_cannot_go_is_one_line(argv, words):
     with pytest.raises(PsrtError) as err:
@@ -64,8 +63,11 @@ def test_where_fp16_cannot_go_is_one_line(argv, words):
     assert str(err.value).startswith(words), str(err.value)
 
 
-def test_a_hybrid_run_takes_fp16_whatever_its_dp_axis_reduces_with():
+def test_a_hybrid_or_moe_run_takes_fp16_whatever_its_dp_axis_reduces_with():
+    # every rank steps the optimizer there: --dp only names the all-reduce algorithm
     check_strategies(parse_args("--model transformer --pp 2 --dp ps --precision fp16".split()))
+    check_strategies(parse_args("--model moe --dp ps --precision fp16".split()))
+    check_strategies(parse_args("--model moe --pp 2 --dp ps --precision fp16".split()))
 
 
 def test_bf16_goes_everywhere_data_parallel():

@@ -7,7 +7,8 @@ The one-process reference is computed on every rank without communication: the s
 the global batch (the ranks' slices in rank order), routing with token_groups = N so that each
 rank's tokens get the same expert places and drops as in the parallel run.  Cases: top-1 and
 top-2, variable and padded dispatch, a capacity with room for every token and one that drops,
-and --recompute (whose first forward records no graph for the balance loss).
+--recompute (whose first forward records no graph for the balance loss), and fp16's loss
+scaling (the balance loss scaled alike).
 Prints one PSRT-RESULT line per rank.
 """
 import json
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import psrt
+from psrt.dp.precision import LossScaler, scaled_factory
 from psrt.ep.layer import aux_loss, moe_layers
 from psrt.train.moe import MoETrainer
 from psrt.grid import Grid
@@ -64,22 +66,29 @@ for ep in (1, 2, 4):
                  {"experts": 4, "top_k": 2, "capacity_factor": 8.0, "dispatch": "padded"},
                  {"experts": 8, "top_k": 2, "capacity_factor": 0.5},          # drops tokens
                  {"experts": 4, "top_k": 1, "capacity_factor": 0.5, "dispatch": "padded"},
-                 {"experts": 4, "top_k": 2, "capacity_factor": 0.5, "recompute": True}):
+                 {"experts": 4, "top_k": 2, "capacity_factor": 0.5, "recompute": True},
+                 {"experts": 4, "top_k": 1, "capacity_factor": 1.0, "scaled": True}):
         opts = dict(opts)
         recompute = opts.pop("recompute", False)      # the balance loss must survive it
+        # fp16's loss scaling without autocast: scaling by 2^16 and back is exact, so the
+        # result is one process's only if the balance loss is scaled alike
+        scaler = LossScaler(None) if opts.pop("scaled", False) else None
         ref, ref_drops, ref_losses = reference(opts)
         grid = Grid.build(world.comm, ep=ep)
         model = make(opts, recompute)
         for layer in moe_layers(model):
             layer.shard(grid.ep_group, grid.dp_group, algorithm="pairwise" if ep == 2 else "native")
-        trainer = MoETrainer(model, lambda p: torch.optim.SGD(p, lr=0.5), grid, algorithm="ring")
+        sgd = lambda p: torch.optim.SGD(p, lr=0.5)      # noqa: E731
+        trainer = MoETrainer(model, scaled_factory(sgd, scaler) if scaler else sgd, grid, algorithm="ring",
+                             scaler=scaler)
         drops, losses = [], []
         for idx in batches:
             mine = idx[r * (B // N):(r + 1) * (B // N)]
-            stats = trainer.step(lambda mb: loss_of(model, *mb), [(data.train_x[mine], data.train_y[mine])])
+            stats = trainer.step(lambda mb: scaler(loss_of(model, *mb)) if scaler else loss_of(model, *mb),
+                                 [(data.train_x[mine], data.train_y[mine])])
             drops.append(float(stats.extra["dropped"].sum()))
             losses.append(stats.loss)
-        name = f"ep={ep} {opts} recompute={recompute}"
+        name = f"ep={ep} {opts} recompute={recompute} scaled={scaler is not None}"
         local = len(moe_layers(model)[0].experts)
         want = dict(ref.named_parameters())
         for pname, p in model.named_parameters():

@@ -7,8 +7,8 @@ Grids: pp 2 x dp 2 with ep 2, tp 2 x dp 2 with ep 2, pp 2 x tp 2; 2 micro-batche
 parallel rank.  The one-process reference runs micro-batch i of every data-parallel rank as
 one batch (ranks in order), routed with token_groups = dp so that each rank's tokens get the
 places and drops they get in the parallel run, and backpropagates (loss_i + balance loss_i) / 2.
-Cases: top-1 with room for every token (with --recompute under the pipeline), top-2 with a
-capacity that drops tokens, padded dispatch.  Every rank checks its own shards (experts by
+Cases: top-1 with room for every token (with --recompute and fp16's loss scaling under the
+pipeline), top-2 with a capacity that drops tokens, padded dispatch.  Every rank checks its own shards (experts by
 their global index); grid rank 0 also checks the assembled state dict.  One PSRT-RESULT line
 per rank.
 """
@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import psrt
+from psrt.dp.precision import LossScaler, scaled_factory
 from psrt.ep.layer import aux_loss, moe_layers
 from psrt.grid import Grid
 from psrt.tp.model import take
@@ -60,7 +61,7 @@ def reference(opts, layers, dp, batches):
 
 
 failures, checked = [], 0
-CASES = [({"pp": 2, "ep": 2}, {"experts": 4, "top_k": 1, "capacity_factor": 8.0}, True),
+CASES = [({"pp": 2, "ep": 2, "scaled": True}, {"experts": 4, "top_k": 1, "capacity_factor": 8.0}, True),
          ({"pp": 2, "ep": 2}, {"experts": 4, "top_k": 2, "capacity_factor": 0.5}, False),
          ({"tp": 2, "ep": 2}, {"experts": 4, "top_k": 2, "capacity_factor": 0.5, "dispatch": "padded"}, False),
          ({"pp": 2, "tp": 2}, {"experts": 4, "top_k": 1, "capacity_factor": 8.0}, False)]
@@ -72,7 +73,11 @@ for axes, opts, recompute in CASES:
     ref, ref_losses, ref_drops = reference(opts, layers, grid.dp, batches)
     dense = make(opts, layers, recompute)
     cfg = HybridConfig.for_model(dense, schedule="1f1b", microbatches=MB, dp_algorithm="ring")
-    trainer = HybridTrainer(grid, cfg, dense=dense, make_optimizer=lambda p: torch.optim.SGD(p, lr=LR))
+    # fp16's loss scaling without autocast: exact, if the balance loss is scaled alike
+    scaler = LossScaler(None) if axes.get("scaled") else None
+    sgd = lambda p: torch.optim.SGD(p, lr=LR)      # noqa: E731
+    trainer = HybridTrainer(grid, cfg, dense=dense, make_optimizer=scaled_factory(sgd, scaler) if scaler else sgd,
+                            scaler=scaler)
     losses = [trainer.step(data.train_x[idx], data.train_y[idx]).loss for idx in batches]
     name = f"{axes} {opts} recompute={recompute}"
     want = dict(ref.named_parameters())

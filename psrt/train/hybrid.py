@@ -142,7 +142,6 @@ class HybridTrainer:
         model = shard_dense(dense if dense is not None else dense_model(cfg), self.tp, cfg.sequence_parallel)
         for layer in moe_layers(model):
             layer.shard(grid.ep_group, grid.dp_group, algorithm="pairwise")
-            layer.aux_grad = 1 / cfg.microbatches
         blocks = [model.embed, *model.blocks, model.head]
         self.schedule = make_schedule(cfg.schedule, grid.pp, cfg.microbatches, cfg.virtual_stages)
         stage_ids = self.schedule.stages_of(grid.pp_rank)
@@ -177,7 +176,8 @@ class HybridTrainer:
         rank put on the wire: pipeline sends, tensor-parallel collectives and the dp
         all-reduce (extra: pp_, tp_ and dp_bytes_sent); extra also holds the pipeline figures
         (step_s, bubble, peak_activation_bytes, peak_live_microbatches) and dp_comm_s,
-        dp_payload_bytes.
+        dp_payload_bytes; with MoE layers, moe (psrt.ep.layer.tally of this rank's layers) and
+        a2a_bytes.
         """
         g, cfg = self.grid, self.cfg
         if x.shape[0] < g.dp * cfg.microbatches:
@@ -213,7 +213,8 @@ class HybridTrainer:
         a2a_sent = 2 * moe["a2a_rows"] * (self.moe[0].gate.in_features if self.moe else 0) * 4
         return DPStepStats(loss=loss, compute_s=pp.busy_s, comm_s=pp.wait_s + dp_s,
                            bytes_sent=pp.bytes_sent + tp_sent + dp_sent + a2a_sent,
-                           extra={"moe": moe, "a2a_bytes": a2a_sent,"step_s": pp.total_s, "bubble": pp.bubble, "dp_comm_s": dp_s,
+                           extra={"moe": moe, "a2a_bytes": a2a_sent,
+                                  "step_s": pp.total_s, "bubble": pp.bubble, "dp_comm_s": dp_s,
                                   "pp_bytes_sent": pp.bytes_sent, "tp_bytes_sent": tp_sent,
                                   "dp_bytes_sent": dp_sent,
                                   "dp_payload_bytes": payload,

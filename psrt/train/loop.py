@@ -312,7 +312,7 @@ def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer 
     grid = Grid.build(world.comm, pp=cfg.pp, tp=cfg.tp, ep=cfg.ep)
     torch.manual_seed(cfg.seed)
     moe = moe_options(cfg) if cfg.model == "moe" else {}
-    model = build_model(cfg.model if moe else "transformer", dataset, cfg.width, cfg.layers, cfg.recompute, **moe)
+    model = build_model("moe" if moe else "transformer", dataset, cfg.width, cfg.layers, cfg.recompute, **moe)
     hcfg = HybridConfig.for_model(model, schedule="1f1b", microbatches=cfg.accum,
                                   dp_algorithm=cfg.algorithm or HYBRID_DP[dp],
                                   sequence_parallel=cfg.sequence_parallel)

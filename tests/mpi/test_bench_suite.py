@@ -40,10 +40,11 @@ def test_training_benchmark_rows(run_ranks, tmp_path):
 @pytest.mark.mpi
 def test_pingpong_fit(run_ranks, tmp_path):
     out = tmp_path / "pp.json"
-    run_ranks(2, "-m", "psrt.bench", "pingpong", "--sizes", "8,64KiB,1MiB,4MiB", "--repeats", "2",
+    # 1 and 16 MiB: far enough apart that a busy host still shows the larger one slower
+    run_ranks(2, "-m", "psrt.bench", "pingpong", "--sizes", "8,64KiB,1MiB,16MiB", "--repeats", "2",
               "--quiet", "--json", str(out), timeout=120).check()
     got = json.loads(out.read_text())
-    assert [p["nbytes"] for p in got["points"]] == [8, 65536, 1 << 20, 4 << 20]
+    assert [p["nbytes"] for p in got["points"]] == [8, 65536, 1 << 20, 16 << 20]
     assert all(p["min_s"] <= p["one_way_s"] <= p["max_s"] for p in got["points"])
     assert got["fit"]["beta_s_per_byte"] > 0 and got["fit"]["alpha_s"] > 0
 

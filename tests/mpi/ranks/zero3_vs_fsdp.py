@@ -10,6 +10,7 @@ own unit (psrt's wrap policy picks the same modules).  Every rank prints one
 import argparse
 import copy
 import json
+import os
 import sys
 
 import torch
@@ -94,6 +95,12 @@ def main() -> None:
     sys.stdout.flush()
     group.close()
     dist.destroy_process_group()
+    # As c10d_consumers.py: gloo's worker threads can abort the interpreter's finalization
+    # ("terminate called without an active exception"); the result is out, so end MPI and
+    # leave without finalizing Python.
+    from mpi4py import MPI
+    MPI.Finalize()
+    os._exit(0)
 
 
 if __name__ == "__main__":

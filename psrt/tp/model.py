@@ -170,13 +170,14 @@ def shard_specs(model: TPTransformerLM) -> dict[str, tuple[str, int | None, torc
             t + "attn.qkv.bias": (s + "qkv.bias", 0, heads),
             t + "attn.proj.weight": (s + "proj.weight", 1, heads[:d // g.size]),
             t + "attn.proj.bias": (s + "proj.bias", *whole),
-            t + "mlp.fc1.weight": (s + "mlp.0.weight", 0, hid), t + "mlp.fc1.bias": (s + "mlp.0.bias", 0, hid),
-            t + "mlp.fc2.weight": (s + "mlp.2.weight", 1, hid), t + "mlp.fc2.bias": (s + "mlp.2.bias", *whole),
         })
         mlp = model.blocks[i].mlp
-        if not isinstance(mlp, ParallelMLP):       # kept whole: the dense names
-            for k in [k for k in specs if k.startswith(t + "mlp.")]:
-                del specs[k]
+        if isinstance(mlp, ParallelMLP):
+            specs.update({
+                t + "mlp.fc1.weight": (s + "mlp.0.weight", 0, hid), t + "mlp.fc1.bias": (s + "mlp.0.bias", 0, hid),
+                t + "mlp.fc2.weight": (s + "mlp.2.weight", 1, hid), t + "mlp.fc2.bias": (s + "mlp.2.bias", *whole),
+            })
+        else:                                       # kept whole: the dense names
             specs.update({t + "mlp." + name: (s + "mlp." + name, *whole) for name, _ in mlp.named_parameters()})
     return specs
 

@@ -109,7 +109,7 @@ class MoELayer(nn.Module):
 
     def reset_tally(self) -> None:
         E = self.num_experts
-        self.tally = {"forwards": 0, "aux": 0.0, "a2a_rows": 0,
+        self.tally = {"aux": 0.0, "a2a_rows": 0,
                       "routed": torch.zeros(E, dtype=torch.float64), "dropped": torch.zeros(E, dtype=torch.float64)}
 
     @property
@@ -125,7 +125,6 @@ class MoELayer(nn.Module):
         y = self._variable(x, r) if self.dispatch == "variable" else self._padded(x, r)
         if torch.is_grad_enabled():
             t = self.tally
-            t["forwards"] += 1
             t["aux"] += float(self.aux.detach())
             t["a2a_rows"] += self.stats.get("a2a_rows", 0)
             t["routed"] += self.stats["routed"]
@@ -214,16 +213,24 @@ def moe_layers(model: nn.Module) -> list[MoELayer]:
     return [m for m in model.modules() if isinstance(m, MoELayer)]
 
 
+def begin_step(layers: list[MoELayer], aux_grad: float) -> None:
+    """Before a training step: reset the layers' tallies and set the weight of their balance
+    loss in this rank's objective (attached to each layer's output in every forward)."""
+    for m in layers:
+        m.aux_grad = aux_grad
+        m.reset_tally()
+
+
 def tally(layers: list[MoELayer]) -> dict:
     """The routing figures of these MoE layers since their last reset, summed over the
-    layers ("layers": how many), and the tallies reset."""
-    out = {"layers": 0, "forwards": 0, "aux": 0.0, "a2a_rows": 0, "routed": None, "dropped": None}
+    layers ("layers": how many; "a2a_bytes": what this rank sent in the all-to-alls, fp32
+    rows out in forward dispatch and combine and again in backward), and the tallies reset."""
+    out = {"layers": 0, "aux": 0.0, "a2a_bytes": 0, "routed": None, "dropped": None}
     for m in layers:
         t = m.tally
         out["layers"] += 1
-        out["forwards"] = max(out["forwards"], t["forwards"])
         out["aux"] += t["aux"]
-        out["a2a_rows"] += t["a2a_rows"]
+        out["a2a_bytes"] += 2 * t["a2a_rows"] * m.gate.in_features * 4
         for k in ("routed", "dropped"):
             out[k] = t[k].clone() if out[k] is None else out[k] + t[k]
         m.reset_tally()

@@ -33,7 +33,7 @@ from psrt.collectives.cost import wire_bytes
 from psrt.collectives.layout import shard_range
 from psrt.dp.base import StepStats as DPStepStats
 from psrt.dp.common import copy_back, flatten, optimizer_factory
-from psrt.ep.layer import moe_layers, tally
+from psrt.ep.layer import begin_step, moe_layers, tally
 from psrt.errors import PsrtError, make_options
 from psrt.grid import Grid
 from psrt.pp import PipelineRuntime, build_stages, make_schedule, split_batch
@@ -176,8 +176,7 @@ class HybridTrainer:
         rank put on the wire: pipeline sends, tensor-parallel collectives and the dp
         all-reduce (extra: pp_, tp_ and dp_bytes_sent); extra also holds the pipeline figures
         (step_s, bubble, peak_activation_bytes, peak_live_microbatches) and dp_comm_s,
-        dp_payload_bytes; with MoE layers, moe (psrt.ep.layer.tally of this rank's layers) and
-        a2a_bytes.
+        dp_payload_bytes; with MoE layers, moe (psrt.ep.layer.tally of this rank's layers).
         """
         g, cfg = self.grid, self.cfg
         if x.shape[0] < g.dp * cfg.microbatches:
@@ -189,9 +188,8 @@ class HybridTrainer:
         for p in self.params:
             p.grad = None
         self.tp.reset()
-        tally(self.moe)
-        for layer in self.moe:          # fp16: the balance loss scaled as the loss is
-            layer.aux_grad = (self.scaler.scale if self.scaler else 1.0) / cfg.microbatches
+        # each micro-batch's balance loss weighs 1/micro-batches (fp16: scaled as the loss is)
+        begin_step(self.moe, (self.scaler.scale if self.scaler else 1.0) / cfg.microbatches)
         with torch.autocast(self.device.type, dtype=self.compute_dtype or torch.float32,
                             enabled=self.compute_dtype is not None):
             pp = self.runtime.step(xs, ys, weights)
@@ -209,11 +207,9 @@ class HybridTrainer:
         dp_sent = (wire_bytes("allreduce", cfg.dp_algorithm, payload, g.dp, g.dp_rank)
                    + wire_bytes("allreduce", cfg.dp_algorithm, expert_payload, g.edp_group.size, g.edp_group.rank))
         moe = tally(self.moe)
-        # MoE rows leave the rank in forward dispatch and combine, and again in backward
-        a2a_sent = 2 * moe["a2a_rows"] * (self.moe[0].gate.in_features if self.moe else 0) * 4
         return DPStepStats(loss=loss, compute_s=pp.busy_s, comm_s=pp.wait_s + dp_s,
-                           bytes_sent=pp.bytes_sent + tp_sent + dp_sent + a2a_sent,
-                           extra={"moe": moe, "a2a_bytes": a2a_sent,
+                           bytes_sent=pp.bytes_sent + tp_sent + dp_sent + moe["a2a_bytes"],
+                           extra={"moe": moe,
                                   "step_s": pp.total_s, "bubble": pp.bubble, "dp_comm_s": dp_s,
                                   "pp_bytes_sent": pp.bytes_sent, "tp_bytes_sent": tp_sent,
                                   "dp_bytes_sent": dp_sent,

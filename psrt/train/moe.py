@@ -21,7 +21,7 @@ import torch
 
 from psrt.collectives.cost import wire_bytes
 from psrt.dp.base import StepStats
-from psrt.ep.layer import moe_layers, tally
+from psrt.ep.layer import begin_step, moe_layers, tally
 
 
 def flat_grads(params: list) -> torch.Tensor:
@@ -55,17 +55,14 @@ class MoETrainer:
         n, dp = len(microbatches), self.grid.dp
         self.optimizer.zero_grad(set_to_none=True)
         layers = moe_layers(self.model)
-        scale = self.scaler.scale if self.scaler else 1.0      # fp16: as loss_fn scales the loss
-        for layer in layers:             # each micro-batch's balance loss, backpropagated with it
-            layer.aux_grad = dp / n * scale
-            layer.reset_tally()
+        # each micro-batch's balance loss, backpropagated with it (fp16: scaled as loss_fn scales the loss)
+        begin_step(layers, dp / n * (self.scaler.scale if self.scaler else 1.0))
         total = 0.0
         for mb in microbatches:
             loss = loss_fn(mb)
             (loss / n).backward()
             total += float(loss.detach())
         seen = tally(layers)
-        aux_total, routed, dropped, a2a_rows = seen["aux"], seen["routed"], seen["dropped"], seen["a2a_rows"]
         t_comm = time.perf_counter()
         dense = self.grid.dp_group.allreduce(flat_grads(self.dense), op="avg", algorithm=self.algorithm)
         unflat_grads(self.dense, dense)
@@ -77,16 +74,13 @@ class MoETrainer:
                 experts = self.grid.edp_group.allreduce(experts, algorithm=self.algorithm)
             unflat_grads(self.expert, experts / dp)
         # the loss and balance loss of the global batch (aux is a share: sum, not mean)
-        both = self.grid.dp_group.allreduce(torch.tensor([total / n, aux_total / n], dtype=torch.float64))
+        both = self.grid.dp_group.allreduce(torch.tensor([total / n, seen["aux"] / n], dtype=torch.float64))
         comm = time.perf_counter() - t_comm
         self.optimizer.step()
-        width = self.model_width()
-        # rows leave the rank in forward dispatch and combine, and again in backward
-        a2a_bytes = 2 * a2a_rows * width * 4
         return StepStats(loss=float(both[0]) / dp, compute_s=time.perf_counter() - start - comm, comm_s=comm,
-                         bytes_sent=sent + a2a_bytes,
-                         extra={"aux_loss": float(both[1]), "routed": routed, "dropped": dropped,
-                                "a2a_bytes": a2a_bytes})
+                         bytes_sent=sent + seen["a2a_bytes"],
+                         extra={"aux_loss": float(both[1]), "routed": seen["routed"], "dropped": seen["dropped"],
+                                "a2a_bytes": seen["a2a_bytes"]})
 
     def model_width(self) -> int:
         layers = moe_layers(self.model)

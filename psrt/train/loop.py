@@ -35,6 +35,23 @@ def make_optimizer(cfg: TrainConfig):
     return optimizer_factory(cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay)
 
 
+def mixed_precision(cfg: TrainConfig, world):
+    """(compute dtype or None, LossScaler or None, optimizer factory) of --precision: fp16's
+    scaler agrees over the world and its optimizers unscale and skip with it."""
+    scaler = precision.LossScaler(world.comm.Dup()) if cfg.precision == "fp16" else None
+    make_opt = precision.scaled_factory(make_optimizer(cfg), scaler) if scaler else make_optimizer(cfg)
+    return precision.DTYPES[cfg.precision], scaler, make_opt
+
+
+def autocast_loss(loss_of, compute_dtype, scaler):
+    """loss_of(mb) with the forward in the compute dtype, the loss fp32, scaled for fp16."""
+    def loss_fn(mb):
+        with torch.autocast("cpu", dtype=compute_dtype or torch.float32, enabled=compute_dtype is not None):
+            loss = loss_of(mb).float()
+        return scaler(loss) if scaler else loss
+    return loss_fn
+
+
 def strategy_options(cfg: TrainConfig, dp: str) -> dict:
     """The options strategy `dp` accepts, from the flags of the same name; those left unset
     are left out so the strategy's own default holds.  With --precision bf16 or fp16 and no
@@ -108,9 +125,7 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
     torch.manual_seed(cfg.seed)
     model = imported.make_model(cfg, dataset)
     criterion = imported.loss_of(cfg, dataset)
-    compute_dtype = precision.DTYPES[cfg.precision]
-    scaler = precision.LossScaler(world.comm.Dup()) if cfg.precision == "fp16" else None
-    make_opt = precision.scaled_factory(make_optimizer(cfg), scaler) if scaler else make_optimizer(cfg)
+    compute_dtype, scaler, make_opt = mixed_precision(cfg, world)
     strategy = Driver(model, make_opt, dp, group, **strategy_options(cfg, dp))
     roles = ctl.allgather(strategy.worker_rank)
     lead = roles.index(0)
@@ -124,11 +139,8 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
     if cfg.resume and is_lead and not cfg.quiet:
         print(f"psrt.train: resuming {dp} from {ckpt_path} at step {start}", file=sys.stderr, flush=True)
 
-    def loss_fn(mb):
-        # Mixed precision: the forward in the compute dtype, the loss and master weights fp32.
-        with torch.autocast("cpu", dtype=compute_dtype or torch.float32, enabled=compute_dtype is not None):
-            loss = loss_and_correct(model, mb, dataset.task, criterion)[0].float()
-        return scaler(loss) if scaler else loss
+    loss_fn = autocast_loss(lambda mb: loss_and_correct(model, mb, dataset.task, criterion)[0],
+                            compute_dtype, scaler)
 
     totals = strategy.totals
     metrics = report.Metrics(cfg.path_for(cfg.metrics, dp) if is_lead else None, append=cfg.resume)
@@ -316,10 +328,9 @@ def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer 
     hcfg = HybridConfig.for_model(model, schedule="1f1b", microbatches=cfg.accum,
                                   dp_algorithm=cfg.algorithm or HYBRID_DP[dp],
                                   sequence_parallel=cfg.sequence_parallel)
-    scaler = precision.LossScaler(world.comm.Dup()) if cfg.precision == "fp16" else None
-    make_opt = precision.scaled_factory(make_optimizer(cfg), scaler) if scaler else make_optimizer(cfg)
+    compute_dtype, scaler, make_opt = mixed_precision(cfg, world)
     trainer = HybridTrainer(grid, hcfg, dense=model, make_optimizer=make_opt, tracer=tracer,
-                            compute_dtype=precision.DTYPES[cfg.precision], scaler=scaler)
+                            compute_dtype=compute_dtype, scaler=scaler)
     sampler = ShardedSampler(len(dataset), cfg.batch_size, grid.dp, grid.dp_rank, cfg.accum, cfg.seed)
     total = cfg.steps or cfg.epochs * sampler.steps_per_epoch
     lead = world.rank == 0
@@ -336,7 +347,7 @@ def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer 
         stats = trainer.step(dataset.train_x[idx], dataset.train_y[idx])
         compute, comm, sent, loss = compute + stats.compute_s, comm + stats.comm_s, sent + stats.bytes_sent, stats.loss
         if moe:
-            routing.append(stats.extra["moe"] | {"a2a": stats.extra["a2a_bytes"]})
+            routing.append(stats.extra["moe"])
         if lead:
             metrics.write({"dp": dp, "pp": grid.pp, "tp": grid.tp, "step": step + 1,
                            "loss": report.finite(stats.loss), "compute_s": stats.compute_s,
@@ -350,7 +361,7 @@ def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer 
             "steps": total, "loss": float(loss), "test_loss": None, "test_acc": None, "wall": wall}
     if moe:
         # routing figures are already summed over dp: each (pp stage, tp rank 0) of dp rank 0 adds its layers
-        mine["a2a"] = sum(r["a2a"] for r in routing)
+        mine["a2a"] = sum(r["a2a_bytes"] for r in routing)
         mine["routing"] = routing if grid.dp_rank == 0 and grid.tp_rank == 0 else []
     everyone = ctl.gather(mine, root=0)
     grid.free()
@@ -399,15 +410,9 @@ def train_moe(cfg: TrainConfig, dp: str, world, ctl, dataset) -> dict | None:
     model = build_model("moe", dataset, cfg.width, cfg.layers, cfg.recompute, **moe_options(cfg))
     for layer in moe_layers(model):
         layer.shard(grid.ep_group, grid.dp_group, algorithm="pairwise")
-    compute_dtype = precision.DTYPES[cfg.precision]
-    scaler = precision.LossScaler(world.comm.Dup()) if cfg.precision == "fp16" else None
-    make_opt = precision.scaled_factory(make_optimizer(cfg), scaler) if scaler else make_optimizer(cfg)
+    compute_dtype, scaler, make_opt = mixed_precision(cfg, world)
     trainer = MoETrainer(model, make_opt, grid, algorithm=MOE_DP[dp], scaler=scaler)
-
-    def loss_fn(mb):            # as train_one's: autocast forward, fp32 loss, scaled for fp16
-        with torch.autocast("cpu", dtype=compute_dtype or torch.float32, enabled=compute_dtype is not None):
-            loss = loss_and_correct(model, mb, dataset.task)[0].float()
-        return scaler(loss) if scaler else loss
+    loss_fn = autocast_loss(lambda mb: loss_and_correct(model, mb, dataset.task)[0], compute_dtype, scaler)
 
     sampler = ShardedSampler(len(dataset), cfg.batch_size, grid.dp, grid.dp_rank, cfg.accum, cfg.seed)
     total = cfg.steps or cfg.epochs * sampler.steps_per_epoch

@@ -38,7 +38,7 @@ from psrt.errors import ArgumentParser, PsrtError, cli_main
 from psrt.launch import slurm
 from psrt.launch.hostfile import is_local, parse_hostfile, parse_hosts
 from psrt.launch.mpi import find_mpirun, mpi_flavour, run_job
-from psrt.launch.plan import ROOT, plan_mpirun
+from psrt.launch.plan import ROOT, plan_mpirun, yield_setting
 
 AGENT = ROOT / "scripts" / "netns_agent"
 ALLOWED = ipaddress.ip_network("198.18.0.0/15")
@@ -192,7 +192,6 @@ def _openmpi_params(cluster: Cluster, flavour: str) -> list[tuple[str, str]]:
         ("btl", "self,tcp"),
         ("btl_tcp_if_include", cluster.subnet),
         (oob, cluster.subnet),
-        ("mpi_yield_when_idle", "1"),
     ]
 
 
@@ -423,9 +422,14 @@ def link_bytes(host: str) -> tuple[int, int]:
 
 def job_env(cluster: Cluster, flavour: str, env) -> dict:
     """Environment for a command run on the cluster: MPI settings and this checkout (and
-    SLURM_CONF with Slurm: srun passes the rest on to the tasks)."""
+    SLURM_CONF with Slurm: srun passes the rest on to the tasks).  Open MPI's ranks yield when
+    idle, as every emulated host shares this machine's cores, unless PSRT_YIELD=0 or an
+    OMPI_MCA_mpi_yield_when_idle of the user's says otherwise (plan.yield_setting)."""
     path = [str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     out = {**env, **mpi_env(cluster, flavour), "PYTHONPATH": os.pathsep.join(path)}
+    yield_ = yield_setting(env, crowded=True)
+    if yield_ is not None and flavour.startswith("openmpi"):
+        out["OMPI_MCA_mpi_yield_when_idle"] = yield_
     return slurm.env(cluster, out) if cluster.slurm else out
 
 

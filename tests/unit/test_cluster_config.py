@@ -45,7 +45,7 @@ def test_mpi_settings_for_open_mpi_4_and_5():
         "--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_no_tree_spawn", "1",
         "--mca", "pml", "ob1", "--mca", "btl", "self,tcp",
         "--mca", "btl_tcp_if_include", "198.18.3.0/24",
-        "--mca", "oob_tcp_if_include", "198.18.3.0/24", "--mca", "mpi_yield_when_idle", "1"]
+        "--mca", "oob_tcp_if_include", "198.18.3.0/24"]
     five = C.mpi_flags(c, "openmpi5")
     assert five[:6] == ["--prtemca", "plm_ssh_agent", agent,
                         "--prtemca", "plm_ssh_no_tree_spawn", "1"]
@@ -53,6 +53,18 @@ def test_mpi_settings_for_open_mpi_4_and_5():
     env = C.mpi_env(c, "openmpi5")
     assert env["PRTE_MCA_plm_ssh_agent"] == agent and env["OMPI_MCA_btl"] == "self,tcp"
     assert env["OMPI_MCA_pml"] == "ob1" and env["PRTE_MCA_oob_tcp_if_include"] == c.subnet
+
+
+@pytest.mark.parametrize("given,ranks_get", [
+    ({}, "1"),                                            # the hosts share this machine's cores
+    ({"PSRT_YIELD": "0"}, "0"),                           # busy-poll, said explicitly
+    ({"OMPI_MCA_mpi_yield_when_idle": "0"}, "0"),          # the user's own setting is kept
+    ({"OMPI_MCA_mpi_yield_when_idle": "0", "PSRT_YIELD": "1"}, "1"),   # PSRT_YIELD wins
+])
+def test_job_env_yields_unless_told_otherwise(given, ranks_get):
+    c = C.Cluster(("a", "b"), slurm=True)     # what srun's tasks inherit, too
+    assert C.job_env(c, "openmpi4", given)["OMPI_MCA_mpi_yield_when_idle"] == ranks_get
+    assert "OMPI_MCA_mpi_yield_when_idle" not in C.job_env(c, "mpich", {"PSRT_YIELD": "0"})
 
 
 def test_mpi_settings_for_mpich():

@@ -123,7 +123,8 @@ def yield_before_mpi_starts(environ=os.environ) -> str | None:
     mpi_yield_when_idle from this process's environment at MPI_Init, so it is set here, the
     same under mpirun, horovodrun and srun:
     - PSRT_YIELD=0 or 1 decides, over any OMPI_MCA_mpi_yield_when_idle the process inherited
-      (`mpirun --mca`, mpi_launch and the emulated cluster pass theirs that way);
+      (`mpirun --mca`, mpi_launch and the emulated cluster pass theirs that way) and over
+      Open MPI's own choice to yield on a host mpirun knows is oversubscribed;
     - without it, an OMPI_MCA_mpi_yield_when_idle already set (by the user or the launcher) is
       kept;
     - without either, ranks yield when the launcher announced more ranks on this host than it

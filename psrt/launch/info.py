@@ -38,10 +38,13 @@ SLURM_FACTS = {"job_id": "SLURM_JOB_ID", "nodelist": "SLURM_JOB_NODELIST", "proc
 
 
 def facts(world, environ=os.environ) -> dict:
+    from psrt.world import mpi_yields_when_idle
     out = {"rank": world.rank, "size": world.size, "local_rank": world.local_rank,
            "local_size": world.local_size, "node_rank": world.node_rank,
            "num_nodes": world.num_nodes, "hostname": world.hostname,
-           "launcher": world.launcher}
+           "launcher": world.launcher,
+           # whether this rank's MPI gives up the core while it waits (None: it cannot say)
+           "yields_when_idle": mpi_yields_when_idle()}
     if "SLURM_JOB_ID" in environ:
         out["slurm"] = {k: environ.get(v) for k, v in SLURM_FACTS.items()}
     return out

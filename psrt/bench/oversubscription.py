@@ -41,7 +41,9 @@ def under_srun(args, yield_: str) -> dict:
     removed here)."""
     from psrt.launch import cluster as C
     tag = zlib.crc32(f"{os.getpid()}:oversub".encode())
-    cluster = C.Cluster((f"o{tag % 10**7:07d}a", f"o{tag % 10**7:07d}b"), f"198.19.{tag % 256}.0/24", slurm=True)
+    per_node = -(-args.np // 2)      # Slurm CPUs (slots) each node offers: the ranks fit
+    cluster = C.Cluster((f"o{tag % 10**7:07d}a", f"o{tag % 10**7:07d}b"), f"198.19.{tag % 256}.0/24", slurm=True,
+                        slots=(per_node, per_node))
     with C.running(cluster):
         # each slurmd has a /tmp of its own: the result goes where every node sees it
         with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:

@@ -70,9 +70,14 @@ def namespaces() -> set[str]:
 
 
 def assert_gone(cluster: C.Cluster):
+    """No namespace, hosts file, record or mount of the cluster's is left."""
     assert not set(cluster.namespaces) & namespaces()
     assert not any((C.NETNS_ETC / h).exists() for h in cluster.hosts)
     assert not C._state_path(cluster.hosts[0]).exists()
+    points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    ours = [p for p in points if p in {f"/run/netns/{ns}" for ns in cluster.namespaces}
+            or p.startswith(f"/run/psrt-slurm/{cluster.hosts[0]}")]
+    assert not ours, ours
 
 
 # --- without root -----------------------------------------------------------------------------
@@ -213,7 +218,8 @@ def test_signals_take_the_cluster_down(names):
         cmd = [sys.executable, "-m", "psrt.cluster", "run", "--hosts", ",".join(hosts),
                "--subnet", subnet, "--", "sleep", "120"]
         runs[sig] = (C.Cluster(hosts, subnet), subprocess.Popen(
-            cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True))
+            cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True,
+            preexec_fn=interruptible))
     deadline = time.monotonic() + 240
     for sig, (cluster, proc) in runs.items():
         # Wait until the command runs inside the first host, then interrupt.
@@ -226,6 +232,12 @@ def test_signals_take_the_cluster_down(names):
         assert proc.wait(timeout=60) == 128 + sig
         assert "Traceback" not in proc.stderr.read()
         assert_gone(cluster)
+
+
+def interruptible():
+    """Give the child Ctrl-C's default action: a test run in the background (CI) has SIGINT
+    ignored, which the child would inherit, and Python then installs no KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _running_inside(host: str) -> bool:

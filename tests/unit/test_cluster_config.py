@@ -3,6 +3,9 @@ hands to mpirun (no namespaces are made here)."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import time
 
 import pytest
 
@@ -92,4 +95,35 @@ def test_agent_argv_quotes_for_the_remote_shell():
 def test_rate_units(rate, bytes_per_s):
     assert C._rate_bytes(rate) == bytes_per_s
 
+
+
+
+def test_a_signal_during_down_waits_until_the_cleanup_is_done(monkeypatch, tmp_path):
+    """SIGTERM (or Ctrl-C) while `down` runs is held until every step is done, then handled."""
+    done = []
+
+    def stop_processes(present):
+        os.kill(os.getpid(), signal.SIGTERM)      # arrives mid-cleanup
+        time.sleep(0.2)                            # Python runs handlers between bytecodes
+        done.append("processes")
+
+    monkeypatch.setattr(C, "existing_namespaces", lambda: {"a", "b"})
+    monkeypatch.setattr(C, "_stop_processes", stop_processes)
+    monkeypatch.setattr(C.slurm, "stop", lambda cluster: done.append("slurm"))
+    monkeypatch.setattr(C, "_run", lambda argv, what, check=True:
+                        done.append(argv[-1]) or subprocess.CompletedProcess(argv, 0))
+    monkeypatch.setattr(C, "NETNS_ETC", tmp_path / "netns")
+    monkeypatch.setattr(C, "STATE_DIR", tmp_path / "state")
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            C.down(C.Cluster(("a", "b")))
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert done == ["processes", "slurm", "a", "b"]
 

@@ -42,6 +42,7 @@ from psrt.launch.mpi import find_mpirun, mpi_flavour, run_job
 from psrt.launch.plan import ROOT, plan_mpirun, yield_setting
 
 AGENT = ROOT / "scripts" / "netns_agent"
+SSH_DIR = ROOT / "scripts" / "netns_ssh"   # holds `ssh`, a link to AGENT
 ALLOWED = ipaddress.ip_network("198.18.0.0/15")
 DEFAULT_SUBNET = "198.18.0.0/24"
 STATE_DIR = Path("/run/psrt-cluster")
@@ -455,12 +456,16 @@ def link_bytes(host: str) -> tuple[int, int]:
 
 
 def job_env(cluster: Cluster, flavour: str, env) -> dict:
-    """Environment for a command run on the cluster: MPI settings and this checkout (and
-    SLURM_CONF with Slurm: srun passes the rest on to the tasks).  Open MPI's ranks yield when
+    """Environment for a command run on the cluster: MPI settings, this checkout, the agent as
+    `ssh` (and SLURM_CONF with Slurm: srun passes the rest on to the tasks).  Open MPI's ranks yield when
     idle, as every emulated host shares this machine's cores, unless PSRT_YIELD=0 or an
     OMPI_MCA_mpi_yield_when_idle of the user's says otherwise (plan.yield_setting)."""
     path = [str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    out = {**env, **mpi_env(cluster, flavour), "PYTHONPATH": os.pathsep.join(path)}
+    # `ssh HOST CMD` reaches another emulated host through the agent (horovodrun asks every
+    # host by ssh before it starts mpirun): no host here runs an ssh server.
+    search = [str(SSH_DIR)] + [p for p in env.get("PATH", os.defpath).split(os.pathsep) if p]
+    out = {**env, **mpi_env(cluster, flavour), "PYTHONPATH": os.pathsep.join(path),
+           "PATH": os.pathsep.join(search)}
     yield_ = yield_setting(env, crowded=True)
     if yield_ is not None and flavour.startswith("openmpi"):
         out["OMPI_MCA_mpi_yield_when_idle"] = yield_

@@ -127,3 +127,25 @@ def test_a_signal_during_down_waits_until_the_cleanup_is_done(monkeypatch, tmp_p
     assert stopped.value.code == 128 + signal.SIGTERM
     assert done == ["processes", "slurm", "a", "b"]
 
+
+def test_commands_on_the_cluster_find_the_agent_as_ssh():
+    """horovodrun and anything else that reaches a host by `ssh HOST CMD` go through the agent."""
+    env = C.job_env(C.Cluster(("a", "b")), "openmpi4", {"PATH": "/usr/bin:/bin"})
+    assert env["PATH"] == f"{C.SSH_DIR}:/usr/bin:/bin"
+    assert (C.SSH_DIR / "ssh").resolve() == C.AGENT.resolve() and os.access(C.SSH_DIR / "ssh", os.X_OK)
+
+
+def test_the_agent_takes_ssh_options_and_their_values_before_the_host(tmp_path):
+    """As horovodrun calls ssh: `-o KEY=VALUE` and `-p PORT`, before the host and after it, are
+    skipped with their values (a stand-in `ip` prints what the agent would run)."""
+    (tmp_path / "ip").write_text('#!/bin/sh\necho "$@"\n')
+    (tmp_path / "ip").chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    out = subprocess.run([str(C.SSH_DIR / "ssh"), "-o", "PasswordAuthentication=no", "-o",
+                          "StrictHostKeyChecking=no", "-x", "node1", "-p", "22", "-o", "ConnectTimeout=10",
+                          "date", "-u"], env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert out[:3] == ["netns", "exec", "node1"] and out[-3:] == ["node1", "date", "-u"]
+    plain = subprocess.run([str(C.AGENT), "node1", "true"], env=env, capture_output=True, text=True)
+    assert plain.stdout.split()[:3] == ["netns", "exec", "node1"] and plain.stdout.split()[-1] == "true"
+    bad = subprocess.run([str(C.AGENT), "-o", "X=1", "node1"], env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "usage: netns_agent" in bad.stderr

@@ -219,6 +219,8 @@ def test_salloc_then_mpirun_or_mpi_launch(cluster):
     by_mpirun = on(cluster, *alloc, "mpirun", sys.executable, "-m", "psrt.info")
     assert by_mpirun.returncode == 0, by_mpirun.stderr[-3000:]
     assert f"4 ranks on 2 hosts: {cluster.hosts[0]} ranks 0-1; {cluster.hosts[1]} ranks 2-3" in by_mpirun.stdout
+    assert re.search(r"Slurm job \d+ on \S+: ranks started by openmpi inside the allocation, not by srun",
+                     by_mpirun.stdout), by_mpirun.stdout
     by_launch = on(cluster, *alloc, str(ROOT / "mpi_launch"), "--extra-args=--mpi=pmix", sys.executable,
                    "-m", "psrt.info")
     assert by_launch.returncode == 0, by_launch.stderr[-3000:]

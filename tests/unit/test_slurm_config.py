@@ -44,7 +44,7 @@ def test_up_takes_slots_from_the_hostfile_and_says_how_to_submit(tmp_path):
 
 
 def _record(rank, host, local, node, procid=None, nodename=None, localid=None, nodeid=None):
-    return {"rank": rank, "hostname": host, "local_rank": local, "node_rank": node,
+    return {"rank": rank, "hostname": host, "local_rank": local, "node_rank": node, "launcher": "srun",
             "slurm": {"job_id": "7", "nodelist": "n[0-1]", "procid": str(rank if procid is None else procid),
                       "nodename": nodename or host, "localid": str(local if localid is None else localid),
                       "nodeid": str(node if nodeid is None else nodeid)}}
@@ -60,6 +60,9 @@ def test_slurm_line_says_whether_placement_matches_slurms():
     swapped = [_record(r, "n0", r, 0, procid=9 - r) for r in range(6)]
     assert slurm_line(swapped).count("is Slurm's task") == 4        # at most four named
     assert slurm_line([{k: v for k, v in r.items() if k != "slurm"} for r in same]) is None
+    # mpirun inside an allocation: its ranks inherit the SLURM_* of mpirun's daemons
+    by_mpirun = [dict(r, launcher="openmpi") for r in moved]
+    assert slurm_line(by_mpirun) == "Slurm job 7 on n[0-1]: ranks started by openmpi inside the allocation, not by srun"
 
 
 def test_config_needs_no_cgroups_and_keeps_files_per_node():

@@ -41,6 +41,7 @@ KEPT_LOGS = Path("/var/tmp/psrt-slurm-logs")   # survives `down`, unlike BASE
 PARTITION = "emulated"
 READY_TIMEOUT_S = 60
 SLURMD_TIMEOUT_S = 10   # a node that has not answered for this long is DOWN, its jobs ended
+MESSAGE_TIMEOUT_S = 10  # how long slurmctld waits for one answer (Slurm's default)
 KILL_WAIT_S = 5         # from a job's SIGTERM to its SIGKILL (scancel, time limit, node failure)
 DAEMONS = ("slurmctld", "slurmd", "slurmstepd", "munged")
 
@@ -90,6 +91,7 @@ SelectTypeParameters=CR_Core
 ReturnToService=2
 KillOnBadExit=1
 SlurmdTimeout={SLURMD_TIMEOUT_S}
+MessageTimeout={MESSAGE_TIMEOUT_S}
 KillWait={KILL_WAIT_S}
 StateSaveLocation={d}/ctld
 SlurmctldPidFile={d}/ctld/slurmctld.pid

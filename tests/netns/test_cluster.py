@@ -312,8 +312,8 @@ def _horovodrun() -> str | None:
 @needs_openmpi
 @pytest.mark.skipif(_horovodrun() is None, reason="horovodrun is not installed (scripts/install_horovod.sh)")
 def test_horovodrun_across_two_hosts_through_the_agent(names):
-    """`horovodrun -np 4 -H a:2,b:2`, typed as on two real hosts (the mission's -np 8 at half
-    size): its ssh checks and its mpirun reach the second host through the agent, found as
+    """`horovodrun -np 4 -H a:2,b:2`, typed as on two real hosts (docs/launching.md runs -np 8):
+    its ssh checks and its mpirun reach the second host through the agent, found as
     `ssh` on the cluster's PATH.  Ranks land 2 + 2, an allreduce crosses the link, and Horovod
     trains across the hosts to the same loss as psrt's ring."""
     hosts, subnet = names(2)

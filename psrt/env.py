@@ -76,7 +76,9 @@ VARIABLES = {v.name: v for v in (
              "rank 0's address for torch.distributed when its host name does not resolve to it"),
     Variable("PSRT_YIELD", _flag, "0 or 1", None,
              "`1`/`0`: ranks waiting in MPI yield the core (Open MPI's `mpi_yield_when_idle`) or "
-             "busy-poll (default: yield when a host runs more ranks than it has cores)"),
+             "busy-poll, whatever the launcher passed (default: an `OMPI_MCA_mpi_yield_when_idle` "
+             "or `--mca mpi_yield_when_idle` of yours is kept, else ranks yield when a host runs "
+             "more ranks than it has cores or is an emulated host)"),
     Variable("PSRT_ALGORITHM", _one_of(*BACKEND_ALGORITHMS), ", ".join(BACKEND_ALGORITHMS), "auto",
              "the algorithm of the `psrt` torch.distributed backend's collectives: `auto` "
              "(default), `ring`, `ps`, `halving-doubling`, `tree`, `doubling` or `native` (the MPI "

@@ -119,28 +119,64 @@ def yield_before_mpi_starts(environ=os.environ) -> str | None:
 
     A rank busy-polling for a message takes the core from the rank it waits for, and on an
     emulated cluster from the kernel's network work too (an Open MPI ping-pong across a veth
-    took 4.8 ms one way busy-polling, 14 us yielding; docs/launching.md).  So when the
-    launcher announced more ranks on this host than it has cores, or PSRT_YIELD=1, Open MPI's
-    mpi_yield_when_idle is set in this process's environment, where MPI_Init reads it: the
-    same for mpirun, horovodrun and srun.  PSRT_YIELD=0 sets it to 0 (ranks busy-poll, even where
-    mpirun would yield on its own); a value the user or launcher set (OMPI_MCA_mpi_yield_when_idle) wins.  Returns what to tell the user, or None.
+    took 4.8 ms one way busy-polling, 14 us yielding; docs/launching.md).  Open MPI reads
+    mpi_yield_when_idle from this process's environment at MPI_Init, so it is set here, the
+    same under mpirun, horovodrun and srun:
+    - PSRT_YIELD=0 or 1 decides, over any OMPI_MCA_mpi_yield_when_idle the process inherited
+      (`mpirun --mca`, mpi_launch and the emulated cluster pass theirs that way) and over
+      Open MPI's own choice to yield on a host mpirun knows is oversubscribed;
+    - without it, an OMPI_MCA_mpi_yield_when_idle already set (by the user or the launcher) is
+      kept;
+    - without either, ranks yield when the launcher announced more ranks on this host than it
+      has cores.
+    Returns what to tell the user, or None.
     """
     forced = env.get("PSRT_YIELD", environ)
-    local, cores = _env_local_size(environ), os.cpu_count() or 1
-    crowded = local is not None and local > cores
+    if forced is not None:
+        environ["OMPI_MCA_mpi_yield_when_idle"] = "1" if forced else "0"
+        return "ranks yield the core while they wait in MPI (PSRT_YIELD=1)" if forced else None
     if "OMPI_MCA_mpi_yield_when_idle" in environ:
         return None
-    if forced is False:
-        # Said explicitly: Open MPI itself would yield on a host mpirun knows is oversubscribed.
-        environ["OMPI_MCA_mpi_yield_when_idle"] = "0"
-        return None
-    if not (forced or crowded):
+    local, cores = _env_local_size(environ), os.cpu_count() or 1
+    if local is None or local <= cores:
         return None
     environ["OMPI_MCA_mpi_yield_when_idle"] = "1"
-    if forced:
-        return "ranks yield the core while they wait in MPI (PSRT_YIELD=1)"
     return (f"{local} ranks on this host's {cores} cores: ranks yield the core while they wait "
             "in MPI (Open MPI's mpi_yield_when_idle; PSRT_YIELD=0 turns it off)")
+
+
+def mpi_yields_when_idle() -> bool | None:
+    """Whether this process's MPI yields the core while it waits: Open MPI's
+    mpi_yield_when_idle as MPI_Init settled it, read back through the MPI tool interface
+    (MPI 4.1 §15.3.6, control variables), not from the environment.  None where MPI has not
+    started or the library has no such variable (MPICH yields by default)."""
+    import ctypes
+    import ctypes.util
+
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+        return None
+    try:
+        with open("/proc/self/maps") as f:      # the libmpi mpi4py loaded, not another one
+            paths = sorted(set(re.findall(r"/\S*/libmpi\.so[.\d]*", f.read())))
+        lib = ctypes.CDLL(paths[0] if paths else ctypes.util.find_library("mpi"))
+        provided, index, count = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+        if lib.MPI_T_init_thread(0, ctypes.byref(provided)) != 0:
+            return None
+    except (OSError, AttributeError, TypeError):
+        return None
+    try:
+        if lib.MPI_T_cvar_get_index(b"mpi_yield_when_idle", ctypes.byref(index)) != 0:
+            return None
+        handle = ctypes.c_void_p()
+        if lib.MPI_T_cvar_handle_alloc(index, None, ctypes.byref(handle), ctypes.byref(count)) != 0:
+            return None
+        value = (ctypes.c_int * 16)()         # a bool variable reads as one MPI_INT
+        ok = lib.MPI_T_cvar_read(handle, value) == 0
+        lib.MPI_T_cvar_handle_free(ctypes.byref(handle))
+        return bool(value[0]) if ok else None
+    finally:
+        lib.MPI_T_finalize()
 
 
 def _env_world_size(env=os.environ) -> int | None:

@@ -41,7 +41,9 @@ def under_srun(args, yield_: str) -> dict:
     removed here)."""
     from psrt.launch import cluster as C
     tag = zlib.crc32(f"{os.getpid()}:oversub".encode())
-    cluster = C.Cluster((f"o{tag % 10**7:07d}a", f"o{tag % 10**7:07d}b"), f"198.19.{tag % 256}.0/24", slurm=True)
+    per_node = -(-args.np // 2)      # Slurm CPUs (slots) each node offers: the ranks fit
+    cluster = C.Cluster((f"o{tag % 10**7:07d}a", f"o{tag % 10**7:07d}b"), f"198.19.{tag % 256}.0/24", slurm=True,
+                        slots=(per_node, per_node))
     with C.running(cluster):
         # each slurmd has a /tmp of its own: the result goes where every node sees it
         with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
@@ -52,6 +54,13 @@ def under_srun(args, yield_: str) -> dict:
             code = subprocess.run(C.exec_argv(cluster.hosts[0], argv), env=env, cwd=ROOT,
                                   stdin=subprocess.DEVNULL).returncode
             return jobs._read(code, out, f"srun -n {args.np} psrt.bench training (PSRT_YIELD={yield_})")
+
+
+def mpi_yields(seen: list) -> str:
+    """'8/8': how many ranks' MPI said it yields ('?' where a library could not say)."""
+    if any(v is None for v in seen):
+        return "?"
+    return f"{sum(map(bool, seen))}/{len(seen)}"
 
 
 def command(args) -> int:
@@ -73,15 +82,20 @@ def command(args) -> int:
             else:
                 out = under_srun(args, yield_)
             seen = out["meta"]["yield_when_idle"]
+            if any(v is not None and v != (yield_ == "1") for v in seen):
+                print(f"psrt bench: warning: PSRT_YIELD={yield_}, yet MPI yields on {mpi_yields(seen)} ranks: "
+                      "these rows do not compare what they say", file=sys.stderr, flush=True)
             rows += [{"launcher": launcher, "yield": yield_, "dp": r["dp"], "step_ms": r["step_s"] * 1e3,
-                      "ranks_yield_when_idle": seen} for r in out["rows"]]
+                      "ranks_yield_when_idle": seen, "mpi_yields": mpi_yields(seen)} for r in out["rows"]]
     step = {(r["launcher"], r["yield"], r["dp"]): r["step_ms"] for r in rows}
     for r in rows:
         r["poll_over_yield"] = step[(r["launcher"], "0", r["dp"])] / step[(r["launcher"], "1", r["dp"])]
     print(f"# training step, {args.np} ranks on {os.cpu_count()} cores (mlp 128x1, 32 samples per rank); "
-          "poll/yield = step with PSRT_YIELD=0 over the step with PSRT_YIELD=1")
+          "poll/yield = step with PSRT_YIELD=0 over the step with PSRT_YIELD=1; MPI yields = ranks whose "
+          "MPI library reported mpi_yield_when_idle on")
     report.table(rows, [("launcher", "launcher", ""), ("yield", "PSRT_YIELD", ""), ("dp", "strategy", ""),
-                        ("step_ms", "step (ms)", ".2f"), ("poll_over_yield", "poll/yield", ".2f")])
+                        ("mpi_yields", "MPI yields", ""), ("step_ms", "step (ms)", ".2f"),
+                        ("poll_over_yield", "poll/yield", ".2f")])
     if args.json:
         report.write_json(args.json, {"rows": rows})
     return 0

@@ -15,7 +15,6 @@ bucketed DDP reducing through torch.distributed.
 from __future__ import annotations
 
 import contextlib
-import os
 import statistics
 import sys
 import time
@@ -231,8 +230,9 @@ def command(args) -> int:
                         enabled=world.rank == 0 and not args.quiet, unit="rounds")
     rows = measure(world, names, args.model, args.width, args.layers, args.batch,
                    args.steps, args.rounds, bucket_mb=args.bucket_mb, progress=progress, trace=args.trace)
-    # what each rank's MPI read at MPI_Init: shows that a PSRT_YIELD reached every rank
-    yield_when_idle = world.comm.gather(os.environ.get("OMPI_MCA_mpi_yield_when_idle"), root=0)
+    # whether each rank's MPI yielded, read back from the library: shows what a PSRT_YIELD did
+    from psrt.world import mpi_yields_when_idle
+    yield_when_idle = world.comm.gather(mpi_yields_when_idle(), root=0)
     if world.rank != 0:
         return 0
     if not args.quiet:

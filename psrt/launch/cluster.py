@@ -29,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -38,9 +39,10 @@ from psrt.errors import ArgumentParser, PsrtError, cli_main
 from psrt.launch import slurm
 from psrt.launch.hostfile import is_local, parse_hostfile, parse_hosts
 from psrt.launch.mpi import find_mpirun, mpi_flavour, run_job
-from psrt.launch.plan import ROOT, plan_mpirun
+from psrt.launch.plan import ROOT, plan_mpirun, yield_setting
 
 AGENT = ROOT / "scripts" / "netns_agent"
+SSH_DIR = ROOT / "scripts" / "netns_ssh"   # holds `ssh`, a link to AGENT
 ALLOWED = ipaddress.ip_network("198.18.0.0/15")
 DEFAULT_SUBNET = "198.18.0.0/24"
 STATE_DIR = Path("/run/psrt-cluster")
@@ -60,9 +62,15 @@ class Cluster:
     rate: str | None = None   # tc syntax: 1gbit, 100mbit, 10mbps (bytes/s)
     delay: str | None = None  # tc syntax: 500us, 1ms
     slurm: bool = False       # munge, slurmctld and one slurmd per host (psrt/launch/slurm.py)
+    slots: tuple = ()         # per host, from the hostfile (None: not given); Slurm's CPUs
 
     def __post_init__(self):
         object.__setattr__(self, "hosts", tuple(self.hosts))
+        object.__setattr__(self, "slots", tuple(self.slots))
+        if self.slots and (len(self.slots) != len(self.hosts) or
+                           any(n is not None and (not isinstance(n, int) or n < 1) for n in self.slots)):
+            raise PsrtError(f"emulated hosts {', '.join(self.hosts)}: slots {self.slots} must give a "
+                            "positive count (or none) for each host")
         if len(self.hosts) < 2:
             raise PsrtError(f"an emulated cluster needs at least 2 hosts, got {len(self.hosts)} "
                             f"({', '.join(self.hosts) or 'none'}); e.g. hostfiles/two_nodes")
@@ -106,7 +114,14 @@ class Cluster:
         hosts = ", ".join(f"{h} ({self.address(h)})" for h in self.hosts)
         return [f"emulated cluster: {hosts} on {self.subnet}, {link}"
                 + (f", each host's {IFACE} shaped to {shape}" if shape else "")
-                + (f", Slurm (slurmctld on {self.hosts[0]}, a slurmd per host)" if self.slurm else "")]
+                + (f", Slurm (slurmctld on {self.hosts[0]}, a slurmd per host, {self._cpus()})"
+                   if self.slurm else "")]
+
+    def _cpus(self) -> str:
+        per_host = slurm.cpus(self)
+        if len(set(per_host.values())) == 1:
+            return f"{next(iter(per_host.values()))} CPUs each"
+        return ", ".join(f"{h} {n} CPUs" for h, n in per_host.items())
 
 
 # --- commands ---------------------------------------------------------------------------------
@@ -192,7 +207,6 @@ def _openmpi_params(cluster: Cluster, flavour: str) -> list[tuple[str, str]]:
         ("btl", "self,tcp"),
         ("btl_tcp_if_include", cluster.subnet),
         (oob, cluster.subnet),
-        ("mpi_yield_when_idle", "1"),
     ]
 
 
@@ -360,19 +374,44 @@ def down(cluster: Cluster) -> list[str]:
     Returns the namespaces that existed.  Missing pieces are not an error: this also
     clears what a crash left half made.
     """
-    present = [ns for ns in cluster.namespaces if ns in existing_namespaces()]
-    _stop_processes(present)     # Slurm's daemons and jobs among them
-    slurm.stop(cluster)          # munged and Slurm's files, if any (also after a crash)
-    for ns in present:
-        _run(["ip", "netns", "del", ns], f"removing namespace {ns}")
-    for h in cluster.hosts:
-        shutil.rmtree(NETNS_ETC / h, ignore_errors=True)
-    _state_path(cluster.hosts[0]).unlink(missing_ok=True)
-    try:
-        NETNS_ETC.rmdir()  # only if nothing else lives there
-    except OSError:
-        pass
+    with _signals_held():
+        present = [ns for ns in cluster.namespaces if ns in existing_namespaces()]
+        _stop_processes(present)     # Slurm's daemons and jobs among them
+        slurm.stop(cluster)          # what escaped that, munged and Slurm's files (also after a crash)
+        for ns in present:
+            out = _run(["ip", "netns", "del", ns], f"removing namespace {ns}", check=False)
+            if out.returncode != 0 and ns in existing_namespaces():   # not gone by another's down
+                _run(["ip", "netns", "del", ns], f"removing namespace {ns}")
+        for h in cluster.hosts:
+            shutil.rmtree(NETNS_ETC / h, ignore_errors=True)
+        _state_path(cluster.hosts[0]).unlink(missing_ok=True)
+        try:
+            NETNS_ETC.rmdir()  # only if nothing else lives there
+        except OSError:
+            pass
     return present
+
+
+_HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def _signals_held():
+    """Hold Ctrl-C, SIGTERM and SIGHUP until the block is done, then deliver the first that
+    came to the handler that was in place: a cleanup cut short would leave half a cluster
+    (namespaces, daemons) that nothing owns any more."""
+    if threading.current_thread() is not threading.main_thread():
+        yield               # only the main thread receives signals in Python
+        return
+    caught = []
+    old = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in _HELD}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        if caught:
+            signal.raise_signal(caught[0])
 
 
 def recorded() -> list[tuple[Cluster, int | None]]:
@@ -403,12 +442,7 @@ def running(cluster: Cluster):
         try:
             yield cluster
         finally:
-            # A second Ctrl-C during cleanup must not leave half a cluster behind.
-            old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
-            try:
-                down(cluster)
-            finally:
-                signal.signal(signal.SIGINT, old_int)
+            down(cluster)      # a signal during it waits until it is done
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
@@ -422,10 +456,19 @@ def link_bytes(host: str) -> tuple[int, int]:
 
 
 def job_env(cluster: Cluster, flavour: str, env) -> dict:
-    """Environment for a command run on the cluster: MPI settings and this checkout (and
-    SLURM_CONF with Slurm: srun passes the rest on to the tasks)."""
+    """Environment for a command run on the cluster: MPI settings, this checkout, the agent as
+    `ssh` (and SLURM_CONF with Slurm: srun passes the rest on to the tasks).  Open MPI's ranks yield when
+    idle, as every emulated host shares this machine's cores, unless PSRT_YIELD=0 or an
+    OMPI_MCA_mpi_yield_when_idle of the user's says otherwise (plan.yield_setting)."""
     path = [str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    out = {**env, **mpi_env(cluster, flavour), "PYTHONPATH": os.pathsep.join(path)}
+    # `ssh HOST CMD` reaches another emulated host through the agent (horovodrun asks every
+    # host by ssh before it starts mpirun): no host here runs an ssh server.
+    search = [str(SSH_DIR)] + [p for p in env.get("PATH", os.defpath).split(os.pathsep) if p]
+    out = {**env, **mpi_env(cluster, flavour), "PYTHONPATH": os.pathsep.join(path),
+           "PATH": os.pathsep.join(search)}
+    yield_ = yield_setting(env, crowded=True)
+    if yield_ is not None and flavour.startswith("openmpi"):
+        out["OMPI_MCA_mpi_yield_when_idle"] = yield_
     return slurm.env(cluster, out) if cluster.slurm else out
 
 
@@ -452,7 +495,7 @@ def launch(req, flavour: str, mpirun: str, env, cores: int, args, dry_run: bool 
 def _cluster_from(args) -> Cluster:
     hosts = parse_hosts(args.hosts) if args.hosts else parse_hostfile(args.hostfile)
     return Cluster(tuple(h.name for h in hosts), args.subnet, args.rate, args.delay,
-                   getattr(args, "slurm", False))
+                   getattr(args, "slurm", False), tuple(h.slots for h in hosts))
 
 
 def _parser() -> ArgumentParser:
@@ -526,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster = _cluster_from(args)
         up(cluster)
         print(cluster.describe()[0])
-        launcher = "srun -N 2 -n 8 --mpi=pmix" if cluster.slurm else "mpirun"
+        launcher = slurm.srun_hint(cluster) if cluster.slurm else "mpirun"
         print(f"run: python -m psrt.cluster exec {cluster.hosts[0]} -- {launcher} ...; "
               "remove: python -m psrt.cluster down")
         return 0

@@ -38,10 +38,13 @@ SLURM_FACTS = {"job_id": "SLURM_JOB_ID", "nodelist": "SLURM_JOB_NODELIST", "proc
 
 
 def facts(world, environ=os.environ) -> dict:
+    from psrt.world import mpi_yields_when_idle
     out = {"rank": world.rank, "size": world.size, "local_rank": world.local_rank,
            "local_size": world.local_size, "node_rank": world.node_rank,
            "num_nodes": world.num_nodes, "hostname": world.hostname,
-           "launcher": world.launcher}
+           "launcher": world.launcher,
+           # whether this rank's MPI gives up the core while it waits (None: it cannot say)
+           "yields_when_idle": mpi_yields_when_idle()}
     if "SLURM_JOB_ID" in environ:
         out["slurm"] = {k: environ.get(v) for k, v in SLURM_FACTS.items()}
     return out
@@ -49,17 +52,22 @@ def facts(world, environ=os.environ) -> dict:
 
 def slurm_line(records: list[dict]) -> str | None:
     """Whether psrt's placement is Slurm's: rank = SLURM_PROCID, host = SLURMD_NODENAME,
-    local rank = SLURM_LOCALID and node rank = SLURM_NODEID on every rank."""
+    local rank = SLURM_LOCALID and node rank = SLURM_NODEID on every rank (ranks srun
+    started; others, such as mpirun's inside an allocation, have no task ids of their own)."""
     if not all("slurm" in r for r in records):
         return None
     s0 = records[0]["slurm"]
+    head = f"Slurm job {s0['job_id']} on {s0['nodelist']}: "
+    others = sorted({r["launcher"] for r in records if r["launcher"] != "srun"})
+    if others:
+        # mpirun inside an allocation: the ranks' SLURM_* describe mpirun's daemons, not them
+        return head + f"ranks started by {', '.join(others)} inside the allocation, not by srun"
     differ = [f"rank {r['rank']} ({r['hostname']}, local {r['local_rank']}, node {r['node_rank']}) is "
               f"Slurm's task {r['slurm']['procid']} ({r['slurm']['nodename']}, local {r['slurm']['localid']}, "
               f"node {r['slurm']['nodeid']})"
               for r in records
               if (str(r["rank"]), r["hostname"], str(r["local_rank"]), str(r["node_rank"]))
               != (r["slurm"]["procid"], r["slurm"]["nodename"], r["slurm"]["localid"], r["slurm"]["nodeid"])]
-    head = f"Slurm job {s0['job_id']} on {s0['nodelist']}: "
     return head + ("placement matches Slurm's (rank, host, local rank, node rank)" if not differ
                    else "placement differs from Slurm's: " + "; ".join(differ[:4]))
 

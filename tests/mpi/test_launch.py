@@ -44,6 +44,25 @@ def test_mpi_launch_script_runs_ranks_and_errors_without_traceback(tmp_path):
     assert bad.stderr == "mpi_launch: error: -np 0: a job needs at least one rank\n"
 
 
+@needs_mpirun
+@pytest.mark.mpi
+def test_psrt_yield_decides_what_each_ranks_mpi_does_under_mpi_launch(tmp_path):
+    """3 ranks on a host of 1 slot: mpi_launch tells Open MPI to yield (`--mca
+    mpi_yield_when_idle 1`), and PSRT_YIELD=0 still makes every rank's MPI poll, as its library
+    reports it (psrt.info's yields_when_idle, read back through MPI_T)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "SLURM_", "PSRT_"))}
+    seen = {}
+    for psrt_yield in (None, "0"):
+        out = subprocess.run([sys.executable, str(ROOT / "mpi_launch"), "--hosts", "localhost:1", "-np", "3",
+                              "--oversubscribe", "python", "-m", "psrt.info", "--json"],
+                             capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                             env={**env, **({"PSRT_YIELD": psrt_yield} if psrt_yield else {})})
+        assert out.returncode == 0, out.stderr
+        seen[psrt_yield] = [json.loads(l.split(" ", 1)[1])["yields_when_idle"]
+                            for l in out.stdout.splitlines() if l.startswith("PSRT-RESULT ")]
+    assert seen == {None: [True] * 3, "0": [False] * 3}
+
+
 # --- the CLI, with this machine's mpirun ----------------------------------------------------
 
 def cli(capsys, *args):

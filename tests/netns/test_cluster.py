@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -70,9 +71,14 @@ def namespaces() -> set[str]:
 
 
 def assert_gone(cluster: C.Cluster):
+    """No namespace, hosts file, record or mount of the cluster's is left."""
     assert not set(cluster.namespaces) & namespaces()
     assert not any((C.NETNS_ETC / h).exists() for h in cluster.hosts)
     assert not C._state_path(cluster.hosts[0]).exists()
+    points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    ours = [p for p in points if p in {f"/run/netns/{ns}" for ns in cluster.namespaces}
+            or p.startswith(f"/run/psrt-slurm/{cluster.hosts[0]}")]
+    assert not ours, ours
 
 
 # --- without root -----------------------------------------------------------------------------
@@ -213,7 +219,8 @@ def test_signals_take_the_cluster_down(names):
         cmd = [sys.executable, "-m", "psrt.cluster", "run", "--hosts", ",".join(hosts),
                "--subnet", subnet, "--", "sleep", "120"]
         runs[sig] = (C.Cluster(hosts, subnet), subprocess.Popen(
-            cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True))
+            cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True,
+            preexec_fn=interruptible))
     deadline = time.monotonic() + 240
     for sig, (cluster, proc) in runs.items():
         # Wait until the command runs inside the first host, then interrupt.
@@ -226,6 +233,12 @@ def test_signals_take_the_cluster_down(names):
         assert proc.wait(timeout=60) == 128 + sig
         assert "Traceback" not in proc.stderr.read()
         assert_gone(cluster)
+
+
+def interruptible():
+    """Give the child Ctrl-C's default action: a test run in the background (CI) has SIGINT
+    ignored, which the child would inherit, and Python then installs no KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _running_inside(host: str) -> bool:
@@ -287,6 +300,47 @@ def test_delay_needs_netem(names):
         assert "netem" in qdisc and "delay 1ms" in qdisc
     finally:
         C.down(cluster)
+
+
+def _horovodrun() -> str | None:
+    exe = Path(sys.executable).with_name("horovodrun")
+    return str(exe) if exe.exists() else shutil.which("horovodrun")
+
+
+@netns
+@pytest.mark.mpi
+@needs_openmpi
+@pytest.mark.skipif(_horovodrun() is None, reason="horovodrun is not installed (scripts/install_horovod.sh)")
+def test_horovodrun_across_two_hosts_through_the_agent(names):
+    """`horovodrun -np 4 -H a:2,b:2`, typed as on two real hosts (docs/launching.md runs -np 8):
+    its ssh checks and its mpirun reach the second host through the agent, found as
+    `ssh` on the cluster's PATH.  Ranks land 2 + 2, an allreduce crosses the link, and Horovod
+    trains across the hosts to the same loss as psrt's ring."""
+    hosts, subnet = names(2)
+    cluster = C.Cluster(hosts, subnet)
+    env = C.job_env(cluster, "openmpi4", dict(os.environ, OMP_NUM_THREADS="1"))
+    run = [_horovodrun(), "-np", "4", "-H", f"{hosts[0]}:2,{hosts[1]}:2", sys.executable]
+    nbytes = 1 << 20
+    with C.running(cluster):
+        before = C.link_bytes(hosts[0])[0]
+        info = subprocess.run(C.exec_argv(hosts[0], run + ["-m", "psrt.info", "--json", "--allreduce", str(nbytes),
+                                                           "--iters", "1"]),
+                              env=env, capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL)
+        sent = C.link_bytes(hosts[0])[0] - before
+        train = subprocess.run(C.exec_argv(hosts[0], run + [str(ROOT / "examples" / "horovod_vs_ring.py"),
+                                                            "--steps", "3", "--quiet"]),
+                               env=env, capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL,
+                               cwd=ROOT)
+    assert_gone(cluster)
+    assert info.returncode == 0, info.stderr[-3000:]
+    recs = sorted((json.loads(line.split("PSRT-RESULT ", 1)[1]) for line in info.stdout.splitlines()
+                   if "PSRT-RESULT " in line), key=lambda r: r["rank"])
+    assert [(r["hostname"], r["node_rank"], r["local_rank"]) for r in recs] == \
+        [(hosts[r // 2], r // 2, r % 2) for r in range(4)]
+    # warm-up and timed run, each at least the other host's half of the sum, each way
+    assert sent >= 2 * nbytes, sent
+    assert train.returncode == 0, train.stderr[-3000:]
+    assert re.search(r"horovod vs ring: final train loss ([\d.]+) vs \1 ", train.stdout), train.stdout[-2000:]
 
 
 def _pair(names, tmp_path):

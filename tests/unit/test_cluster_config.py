@@ -3,6 +3,9 @@ hands to mpirun (no namespaces are made here)."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import time
 
 import pytest
 
@@ -45,7 +48,7 @@ def test_mpi_settings_for_open_mpi_4_and_5():
         "--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_no_tree_spawn", "1",
         "--mca", "pml", "ob1", "--mca", "btl", "self,tcp",
         "--mca", "btl_tcp_if_include", "198.18.3.0/24",
-        "--mca", "oob_tcp_if_include", "198.18.3.0/24", "--mca", "mpi_yield_when_idle", "1"]
+        "--mca", "oob_tcp_if_include", "198.18.3.0/24"]
     five = C.mpi_flags(c, "openmpi5")
     assert five[:6] == ["--prtemca", "plm_ssh_agent", agent,
                         "--prtemca", "plm_ssh_no_tree_spawn", "1"]
@@ -53,6 +56,18 @@ def test_mpi_settings_for_open_mpi_4_and_5():
     env = C.mpi_env(c, "openmpi5")
     assert env["PRTE_MCA_plm_ssh_agent"] == agent and env["OMPI_MCA_btl"] == "self,tcp"
     assert env["OMPI_MCA_pml"] == "ob1" and env["PRTE_MCA_oob_tcp_if_include"] == c.subnet
+
+
+@pytest.mark.parametrize("given,ranks_get", [
+    ({}, "1"),                                            # the hosts share this machine's cores
+    ({"PSRT_YIELD": "0"}, "0"),                           # busy-poll, said explicitly
+    ({"OMPI_MCA_mpi_yield_when_idle": "0"}, "0"),          # the user's own setting is kept
+    ({"OMPI_MCA_mpi_yield_when_idle": "0", "PSRT_YIELD": "1"}, "1"),   # PSRT_YIELD wins
+])
+def test_job_env_yields_unless_told_otherwise(given, ranks_get):
+    c = C.Cluster(("a", "b"), slurm=True)     # what srun's tasks inherit, too
+    assert C.job_env(c, "openmpi4", given)["OMPI_MCA_mpi_yield_when_idle"] == ranks_get
+    assert "OMPI_MCA_mpi_yield_when_idle" not in C.job_env(c, "mpich", {"PSRT_YIELD": "0"})
 
 
 def test_mpi_settings_for_mpich():
@@ -81,3 +96,56 @@ def test_rate_units(rate, bytes_per_s):
     assert C._rate_bytes(rate) == bytes_per_s
 
 
+
+
+def test_a_signal_during_down_waits_until_the_cleanup_is_done(monkeypatch, tmp_path):
+    """SIGTERM (or Ctrl-C) while `down` runs is held until every step is done, then handled."""
+    done = []
+
+    def stop_processes(present):
+        os.kill(os.getpid(), signal.SIGTERM)      # arrives mid-cleanup
+        time.sleep(0.2)                            # Python runs handlers between bytecodes
+        done.append("processes")
+
+    monkeypatch.setattr(C, "existing_namespaces", lambda: {"a", "b"})
+    monkeypatch.setattr(C, "_stop_processes", stop_processes)
+    monkeypatch.setattr(C.slurm, "stop", lambda cluster: done.append("slurm"))
+    monkeypatch.setattr(C, "_run", lambda argv, what, check=True:
+                        done.append(argv[-1]) or subprocess.CompletedProcess(argv, 0))
+    monkeypatch.setattr(C, "NETNS_ETC", tmp_path / "netns")
+    monkeypatch.setattr(C, "STATE_DIR", tmp_path / "state")
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            C.down(C.Cluster(("a", "b")))
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert done == ["processes", "slurm", "a", "b"]
+
+
+def test_commands_on_the_cluster_find_the_agent_as_ssh():
+    """horovodrun and anything else that reaches a host by `ssh HOST CMD` go through the agent."""
+    env = C.job_env(C.Cluster(("a", "b")), "openmpi4", {"PATH": "/usr/bin:/bin"})
+    assert env["PATH"] == f"{C.SSH_DIR}:/usr/bin:/bin"
+    assert (C.SSH_DIR / "ssh").resolve() == C.AGENT.resolve() and os.access(C.SSH_DIR / "ssh", os.X_OK)
+
+
+def test_the_agent_takes_ssh_options_and_their_values_before_the_host(tmp_path):
+    """As horovodrun calls ssh: `-o KEY=VALUE` and `-p PORT`, before the host and after it, are
+    skipped with their values (a stand-in `ip` prints what the agent would run)."""
+    (tmp_path / "ip").write_text('#!/bin/sh\necho "$@"\n')
+    (tmp_path / "ip").chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    out = subprocess.run([str(C.SSH_DIR / "ssh"), "-o", "PasswordAuthentication=no", "-o",
+                          "StrictHostKeyChecking=no", "-x", "node1", "-p", "22", "-o", "ConnectTimeout=10",
+                          "date", "-u"], env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert out[:3] == ["netns", "exec", "node1"] and out[-3:] == ["node1", "date", "-u"]
+    plain = subprocess.run([str(C.AGENT), "node1", "true"], env=env, capture_output=True, text=True)
+    assert plain.stdout.split()[:3] == ["netns", "exec", "node1"] and plain.stdout.split()[-1] == "true"
+    bad = subprocess.run([str(C.AGENT), "-o", "X=1", "node1"], env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "usage: netns_agent" in bad.stderr

@@ -307,6 +307,25 @@ def test_local_run_has_no_host_arguments_and_crowding_flags():
         "-x", "OMP_NUM_THREADS=1", *LAUNCH_CMD]
 
 
+def _yield_flag(p) -> str | None:
+    argv = list(p.argv)
+    return argv[argv.index("mpi_yield_when_idle") + 1] if "mpi_yield_when_idle" in argv else None
+
+
+@pytest.mark.parametrize("np_,env,extra,flag", [
+    (4, {}, (), "1"),                                          # crowded: yield
+    (2, {}, (), None),                                         # fits: MPI's default
+    (4, {"PSRT_YIELD": "0"}, (), "0"),                         # PSRT_YIELD decides, both ways
+    (2, {"PSRT_YIELD": "1"}, (), "1"),
+    (4, {"OMPI_MCA_mpi_yield_when_idle": "0"}, (), None),      # the user's variable is kept
+    (4, {}, ("--mca", "mpi_yield_when_idle", "0"), "0"),       # so is the user's flag, once
+    (4, {"PSRT_YIELD": "1"}, ("--mca", "mpi_yield_when_idle", "0"), "0"),
+])
+def test_yielding_follows_psrt_yield_then_the_user_then_crowding(np_, env, extra, flag):
+    p = plan("localhost", np_, env=env, cores=2, extra=extra)
+    assert _yield_flag(p) == flag and p.argv.count("mpi_yield_when_idle") == (flag is not None)
+
+
 def test_cli_emulated_dry_run_shows_the_cluster_and_the_agent(capsys):
     code, out, _ = cli(capsys, "--dry-run", "--emulate", "--flavour", "openmpi4", "--hostfile",
                        str(ROOT / "hostfiles" / "two_nodes"), "-np", "8", "python", "-m",

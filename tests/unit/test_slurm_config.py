@@ -1,19 +1,68 @@
 """The slurm.conf psrt writes for an emulated cluster, and how its daemons are started
 (psrt/launch/slurm.py): pure, no Slurm needed."""
+import json
+import os
+
+import pytest
+
+from psrt.errors import PsrtError
+from psrt.launch.info import slurm_line
 from psrt.launch import cluster as C
 from psrt.launch import slurm
 
+ROOT = slurm.ROOT
+CORES = os.cpu_count()
 
-def _cluster():
-    return C.Cluster(("node0", "node1", "node2"), "198.18.3.0/24", slurm=True)
+
+def _cluster(slots=()):
+    return C.Cluster(("node0", "node1", "node2"), "198.18.3.0/24", slurm=True, slots=slots)
 
 
-def test_config_names_every_node_at_its_address():
-    text = slurm.config(_cluster())
+def test_config_names_every_node_at_its_address_with_its_slots_as_cpus():
+    text = slurm.config(_cluster((4, 2, None)))
     assert "SlurmctldHost=node0(198.18.3.1)" in text
-    for i, h in enumerate(("node0", "node1", "node2")):
-        assert f"NodeName={h} NodeAddr=198.18.3.{i + 1} CPUs=4 State=UNKNOWN" in text
+    for i, (h, cpus) in enumerate(zip(("node0", "node1", "node2"), (4, 2, CORES))):
+        assert f"NodeName={h} NodeAddr=198.18.3.{i + 1} CPUs={cpus} State=UNKNOWN" in text
     assert "PartitionName=emulated Nodes=ALL Default=YES" in text
+    assert f"NodeName=node1 NodeAddr=198.18.3.2 CPUs={CORES} " in slurm.config(_cluster())
+
+
+def test_up_takes_slots_from_the_hostfile_and_says_how_to_submit(tmp_path):
+    args = C._parser().parse_args(["up", "--slurm", "--hostfile", str(ROOT / "hostfiles" / "two_nodes")])
+    two = C._cluster_from(args)
+    assert two.slots == (4, 4) and slurm.srun_hint(two) == "srun -N 2 -n 8 --mpi=pmix"
+    assert two.describe()[0].endswith("Slurm (slurmctld on node0, a slurmd per host, 4 CPUs each)")
+    (tmp_path / "h").write_text("a slots=3\nb slots=1\nc slots=2\n")
+    three = C._cluster_from(C._parser().parse_args(["up", "--slurm", "--hostfile", str(tmp_path / "h")]))
+    assert slurm.srun_hint(three) == "srun -N 3 -n 6 --mpi=pmix"
+    assert three.describe()[0].endswith("a slurmd per host, a 3 CPUs, b 1 CPUs, c 2 CPUs)")
+    # the record `down` and `exec` read back keeps them
+    again = C.Cluster(**json.loads(json.dumps(C.asdict(three))))
+    assert again == three and slurm.config(again) == slurm.config(three)
+    with pytest.raises(PsrtError, match="slots .* must give a positive count"):
+        C.Cluster(("a", "b"), slots=(1,))
+
+
+def _record(rank, host, local, node, procid=None, nodename=None, localid=None, nodeid=None):
+    return {"rank": rank, "hostname": host, "local_rank": local, "node_rank": node, "launcher": "srun",
+            "slurm": {"job_id": "7", "nodelist": "n[0-1]", "procid": str(rank if procid is None else procid),
+                      "nodename": nodename or host, "localid": str(local if localid is None else localid),
+                      "nodeid": str(node if nodeid is None else nodeid)}}
+
+
+def test_slurm_line_says_whether_placement_matches_slurms():
+    same = [_record(0, "n0", 0, 0), _record(1, "n0", 1, 0), _record(2, "n1", 0, 1)]
+    assert slurm_line(same) == \
+        "Slurm job 7 on n[0-1]: placement matches Slurm's (rank, host, local rank, node rank)"
+    moved = same[:2] + [_record(2, "n1", 0, 1, nodename="n0", localid=2, nodeid=0)]
+    assert slurm_line(moved) == ("Slurm job 7 on n[0-1]: placement differs from Slurm's: rank 2 (n1, "
+                                 "local 0, node 1) is Slurm's task 2 (n0, local 2, node 0)")
+    swapped = [_record(r, "n0", r, 0, procid=9 - r) for r in range(6)]
+    assert slurm_line(swapped).count("is Slurm's task") == 4        # at most four named
+    assert slurm_line([{k: v for k, v in r.items() if k != "slurm"} for r in same]) is None
+    # mpirun inside an allocation: its ranks inherit the SLURM_* of mpirun's daemons
+    by_mpirun = [dict(r, launcher="openmpi") for r in moved]
+    assert slurm_line(by_mpirun) == "Slurm job 7 on n[0-1]: ranks started by openmpi inside the allocation, not by srun"
 
 
 def test_config_needs_no_cgroups_and_keeps_files_per_node():

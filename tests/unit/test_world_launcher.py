@@ -63,6 +63,16 @@ def test_a_yield_setting_of_the_user_wins():
     assert yield_before_mpi_starts(environ) is None and environ["OMPI_MCA_mpi_yield_when_idle"] == "0"
 
 
+@pytest.mark.parametrize("inherited,psrt_yield", [("1", "0"), ("0", "1")])
+def test_psrt_yield_wins_over_what_the_launcher_passed(inherited, psrt_yield):
+    """mpirun --mca, mpi_launch and the emulated cluster hand the ranks an
+    OMPI_MCA_mpi_yield_when_idle; PSRT_YIELD still decides what MPI_Init reads."""
+    environ = {"OMPI_COMM_WORLD_LOCAL_SIZE": "64", "OMPI_MCA_mpi_yield_when_idle": inherited,
+               "PSRT_YIELD": psrt_yield}
+    yield_before_mpi_starts(environ)
+    assert environ["OMPI_MCA_mpi_yield_when_idle"] == psrt_yield
+
+
 def test_psrt_yield_0_makes_ranks_poll_even_where_mpirun_would_yield():
     """Open MPI yields on its own where mpirun knows the host is oversubscribed: PSRT_YIELD=0
     has to say 0 explicitly for the ranks to poll."""

@@ -74,8 +74,6 @@ def check_strategies(cfg: TrainConfig) -> None:
     hybrid = cfg.pp * cfg.tp != 1
     accepted = {"algorithm"} if hybrid else set()
     for dp in cfg.dp_list:
-        if not hybrid and cfg.model != "moe":   # hybrid and MoE runs step on every rank: fp16 works with all
-            precision.check(cfg.precision, dp)
         if hybrid:
             check_hybrid(cfg, dp)
         else:

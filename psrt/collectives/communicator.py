@@ -9,6 +9,7 @@ and non-blocking calls (see executor).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 
@@ -181,12 +182,17 @@ class Communicator:
 
     def _run(self, name: str, fn, async_op: bool, algo: str | None = None, nbytes: int | None = None):
         seq = self.calls
+        # A call on CUDA tensors is ordered on the stream current where it is made (as
+        # torch.distributed's are): the worker thread runs its copies on that stream, so a
+        # caller may gather on a side stream while its own stream computes (zero3's prefetch).
+        stream = torch.cuda.current_stream() if torch.cuda.is_initialized() else None
 
         def tracked():
             self.state = (seq, name, time.monotonic())
             t0 = time.perf_counter_ns()
             try:
-                return fn()
+                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                    return fn()
             finally:
                 self.state = (seq, name, None)
                 self.tracer.add(name, "comm", t0, time.perf_counter_ns(), algorithm=algo, bytes=nbytes)

@@ -56,6 +56,9 @@ class Executor:
                 handle._set(result)
             except BaseException as err:  # noqa: BLE001 - handed to the waiter
                 handle._set(error=err)
+            # Drop this frame's references while it waits for the next call: the call's
+            # closure and result (a gathered buffer, say) would otherwise stay alive until then.
+            item = fn = handle = result = None
             with self._idle:
                 self._pending -= 1
                 self._idle.notify_all()

@@ -23,6 +23,7 @@ import torch
 from psrt.collectives.cost import wire_bytes
 from psrt.dp.base import DataParallel, StepStats
 from psrt.dp.common import check_compress
+from psrt.dp.precision import ScaledOptimizer, split
 from psrt.errors import PsrtError
 
 INSTALL_HINT = "--dp horovod needs horovod: run scripts/install_horovod.sh"
@@ -85,7 +86,11 @@ class HorovodStrategy(DataParallel):
             raise PsrtError("the model has no trainable parameters")
         # Every rank starts from rank 0's parameters and buffers.
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        inner = make_optimizer([p for _, p in named])
+        # fp16: hvd.DistributedOptimizer rebuilds the optimizer's own class around its param
+        # groups, so it wraps the plain optimizer; the loss scaling wraps it in turn and
+        # unscales the gradients Horovod has averaged (scaled_step).
+        make, self.scaler = split(make_optimizer)
+        inner = make([p for _, p in named])
         # fp16: divide by N before the sum instead of after it, so a sum of N fp16 gradients
         # cannot overflow where their average would not (gradient_predivide_factor = N makes
         # prescale 1/N and postscale 1; horovod/torch/optimizer.py, _allreduce_grad_async).
@@ -93,6 +98,7 @@ class HorovodStrategy(DataParallel):
             inner, named_parameters=named, op=hvd.Average,
             compression=hvd.Compression.fp16 if compress == "fp16" else hvd.Compression.none,
             gradient_predivide_factor=float(group.size) if compress == "fp16" else 1.0)
+        self._scaled = ScaledOptimizer(self.optimizer, self.scaler) if self.scaler is not None else None
         self._broadcast_optimizer_state()
         # Bytes of gradients one step all-reduces (fp16 compression halves fp32's).
         self._wire_bytes = sum(p.numel() * (2 if compress == "fp16" else p.element_size()) for _, p in named)
@@ -134,7 +140,9 @@ class HorovodStrategy(DataParallel):
         loss = float(hvd.synchronize(loss_handle)[0])
         comm_s = time.perf_counter() - waited
         with opt.skip_synchronize():
-            opt.step()
+            # fp16: the averaged gradients are checked, every rank agreeing, and unscaled
+            # before the step, or the step is skipped (psrt/dp/precision.py).
+            (self._scaled or opt).step()
         elapsed = time.perf_counter() - start
         # Horovod's MPI_Allreduce (or gloo ring) on the fused gradients: counted as a ring.
         sent = wire_bytes("allreduce", "native", self._wire_bytes, self.group.size, self.group.rank)
@@ -142,11 +150,16 @@ class HorovodStrategy(DataParallel):
                          extra={"backward_passes_per_step": n})
 
     def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
         # Every rank loads its own copy; rank 0's wins, as at start-up.
         self.hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
         self._broadcast_optimizer_state()

@@ -21,7 +21,13 @@ in Large Transformer Models", 2022, sec. 4.1): 34 sbh + 5 a s^2 b bytes in 16-bi
 dropout (s sequence, b micro-batch, h width, a heads).  psrt's block has no dropout (its
 2 sbh of one-byte masks go) and its attention kernel is fused, keeping no s x s matrix (the
 5 a s^2 b terms go): 32 sbh bytes in 16-bit, i.e. 16 sbh elements.  With --recompute a block
-keeps only its input, sbh elements.
+keeps only its input, sbh elements.  Under --precision bf16/fp16 see transformer_activations.
+
+These are the bytes one micro-batch's forward leaves for its backward: with --accum the
+micro-batches run one after another, each backward freeing them before the next forward, so
+for the data-parallel strategies this is the most saved activations held at once.  It leaves
+out temporaries that live within one operation or one backward (the logits before the
+log-softmax, the gradients flowing back).
 """
 from __future__ import annotations
 
@@ -55,7 +61,8 @@ def optimizer_tensors(optimizer) -> list:
 
 def held(strategy) -> dict[str, int]:
     """Bytes this rank holds now in each part (params, grads, optimizer, buffers), a storage
-    counted once, in the first part that names it."""
+    counted once, in the first part that names it; and all of them split by where they live,
+    `host` (CPU memory) and `device` (an accelerator's: what --offload-optimizer moves off)."""
     parts = strategy.memory()
     seen: dict = {}
     out = {}
@@ -65,7 +72,14 @@ def held(strategy) -> dict[str, int]:
         mine = {k: v for k, v in _storages(tensors).items() if k not in seen}
         seen.update(mine)
         out[name] = sum(mine.values())
+    out.update(by_place(seen))
     return out
+
+
+def by_place(storages: dict) -> dict[str, int]:
+    """{"host": bytes in CPU memory, "device": bytes elsewhere} of `_storages`' result."""
+    device = sum(v for (kind, _), v in storages.items() if kind != "cpu")
+    return {"host": sum(storages.values()) - device, "device": device}
 
 
 def state_bytes_per_param(optimizer: str, momentum: float = 0.0) -> int:
@@ -73,16 +87,18 @@ def state_bytes_per_param(optimizer: str, momentum: float = 0.0) -> int:
     return 8 if optimizer == "adam" else (4 if momentum else 0)
 
 
-def formula(dp: str, phi: int, n: int, k: int, d: int = 4) -> dict[str, float] | None:
+def formula(dp: str, phi: int, n: int, k: int, d: int = 4, offload: bool = False) -> dict[str, float] | None:
     """Per-rank bytes of each model state by the ZeRO formula; None for a strategy it does
-    not describe (the parameter servers)."""
+    not describe (the parameter servers).  With `offload` (zero1/2/3's --offload-optimizer,
+    ZeRO-Offload) the optimizer part lives in host memory and holds, besides its K bytes of
+    state, the rank's master copy and gradient copy: (K + 2 d) Phi / N."""
     if dp in _REPLICATED:
         return {"params": d * phi, "grads": d * phi, "optimizer": k * phi}
     if dp not in _SHARDING:
         return None
     whole = _SHARDING[dp]
     return {"params": d * phi / (1 if whole["params"] else n), "grads": d * phi / (1 if whole["grads"] else n),
-            "optimizer": k * phi / n}
+            "optimizer": (k + (2 * d if offload else 0)) * phi / n}
 
 
 def activation_bytes(forward: Callable[[], torch.Tensor], exclude: list[torch.Tensor]) -> int:
@@ -101,9 +117,22 @@ def activation_bytes(forward: Callable[[], torch.Tensor], exclude: list[torch.Te
 
 
 def transformer_activations(seq: int, batch: int, width: int, layers: int, vocab: int, d: int = 4,
-                            recompute: bool = False) -> int:
-    """The formula above for psrt's transformer: 16 sbh elements per block (1 with
-    recompute), plus the head's LayerNorm input and projection input (2 sbh) and the
-    log-softmax the loss keeps (s b vocab), d bytes each."""
-    per_block = 1 if recompute else 16
-    return d * seq * batch * (per_block * width * layers + 2 * width + vocab)
+                            recompute: bool = False, compute: int | None = None) -> int:
+    """The formula above for psrt's transformer, in bytes: per block 16 sbh elements, of d
+    bytes in fp32; under autocast (`compute`: bytes of the compute dtype, 2 for bf16 and
+    fp16) 14 sbh of them in the compute dtype and the two LayerNorm inputs in fp32 (LayerNorm
+    runs in fp32 and the residual stream stays fp32: 36 sbh bytes in 16-bit, Korthikanti's
+    34 sbh without dropout's 2 and with the LayerNorm inputs' 4 more), plus autocast's cast
+    copy of the block's matmul weights (12 h^2 elements), kept for backward.  With recompute
+    a block keeps its fp32 input, sbh elements.  The head adds its LayerNorm input (fp32),
+    its projection's input (and its weight's cast copy under autocast) and the fp32
+    log-softmax the loss keeps (s b vocab)."""
+    sbh, sbv = seq * batch * width, seq * batch * vocab
+    c = compute or d
+    cast = compute is not None                 # autocast's copies of the matmul weights
+    if recompute:
+        block = d * sbh
+    else:
+        block = 14 * c * sbh + 2 * d * sbh + (c * 12 * width * width if cast else 0)
+    head = d * sbh + c * sbh + (c * width * vocab if cast else 0) + d * sbv
+    return layers * block + head

@@ -9,11 +9,30 @@ the gradients divided by S before the update, with PyTorch GradScaler's rules: S
 2^16, doubles after 2000 steps in a row without overflow, halves on a step whose gradients
 hold an inf or NaN, and that step is skipped.
 
-Sharded strategies (zero1/2/3) check only their own shard of the gradients, so one rank may
-see an overflow the others do not.  Every rank that steps takes part in one MPI_Allreduce
-(MAX) of its finding before updating, so all of them skip the same steps and keep the same
-scale: no rank diverges.  The parameter servers, whose workers never call the optimizer,
-and Horovod, whose optimizer reduces inside step(), are not offered fp16 (bf16 works there).
+Every rank must skip the same steps and keep the same scale, or the replicas diverge:
+
+- ring, native, torch, zero1/2/3, horovod: every rank steps the optimizer.  zero1/2/3 check
+  only their own shard, so each rank joins one MPI_Allreduce (MAX) of its finding before
+  updating (ScaledOptimizer).
+- ps, ps-sharded: the workers never step the optimizer; the servers decide.  An inf or NaN in
+  any worker's gradient reaches the average of its slice, and a sum of finite values can
+  overflow too, so each server checks its averaged slice, and several servers agree by one
+  MPI_Allreduce among themselves: an overflow in one slice skips the step on every server.
+  Each answer carries the decision and the new scale; every worker moves its own scale by
+  the same rule and checks that it lands where the servers' did.  So every rank, servers
+  included, skips the same steps and keeps one scale.
+- ps-async: the one server decides per clock.  Each push carries the scale its gradient was
+  computed with (a worker running ahead may still use an older one): the server brings the
+  clock's gradients to the smallest of their scales (a power-of-two factor, exact), averages,
+  checks and unscales.  A clock with an overflow is skipped (its update is the identity); the
+  scale halves only if an overflowing gradient was computed at the present scale or a smaller
+  one, so a stale push from before a halving does not halve it again.  The scale grows after
+  2000 applied clocks in a row.  Each answer tells the worker the scale to compute its next
+  clock with.  With staleness 0 every worker computes every clock at the same scale, and this
+  is the synchronous rule exactly.
+
+Strategies that do not call the optimizer they are given on every rank (the parameter servers,
+Horovod, which wraps it) take the plain optimizer factory and the scaler apart with `split`.
 """
 from __future__ import annotations
 
@@ -22,16 +41,16 @@ import torch
 from psrt.errors import PsrtError
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-SCALED = ("ring", "native", "torch", "zero", "zero1", "zero2", "zero3")
 
 
-def check(precision: str, dp: str) -> None:
+def check(precision: str) -> None:
     if precision not in DTYPES:
         raise PsrtError(f"--precision {precision!r}: choose one of {', '.join(DTYPES)}", everywhere=True)
-    if precision == "fp16" and dp not in SCALED:
-        raise PsrtError(f"--precision fp16 with --dp {dp}: loss scaling needs every rank to take the "
-                        f"optimizer step together; use one of {', '.join(SCALED)}, or --precision bf16",
-                        everywhere=True)
+
+
+def overflowed(tensors) -> bool:
+    """Whether any of `tensors` holds an inf or NaN (this rank's finding, not yet agreed)."""
+    return any(not bool(torch.isfinite(t).all()) for t in tensors if t is not None)
 
 
 class _Scale(torch.autograd.Function):
@@ -68,9 +87,14 @@ class LossScaler:
         from mpi4py import MPI
         return bool(self.comm.allreduce(int(found_inf), op=MPI.MAX)) if self.comm is not None else found_inf
 
-    def update(self, found_inf: bool) -> None:
+    def update(self, found_inf: bool, at_scale: float | None = None) -> None:
+        """GradScaler's rule after a step.  `at_scale`: the smallest scale the overflowing
+        gradients were computed with, where it can differ from this one (ps-async): an
+        overflow computed at a larger scale than the present one was already answered by a
+        halving since, and skips the step without halving again."""
         if found_inf:
-            self.scale *= self.backoff_factor
+            if at_scale is None or at_scale <= self.scale:
+                self.scale *= self.backoff_factor
             self.good_steps = 0
             self.skipped += 1
         else:
@@ -78,6 +102,17 @@ class LossScaler:
             if self.good_steps == self.growth_interval:
                 self.scale *= self.growth_factor
                 self.good_steps = 0
+
+    def follow(self, scale: float, skipped: int) -> None:
+        """Take the scale and the count of skipped steps decided elsewhere (a ps-async
+        worker, whose server runs the rule)."""
+        self.scale, self.skipped = scale, skipped
+
+    def clone(self) -> "LossScaler":
+        """The same settings and state, no communicator (a server's own copy)."""
+        other = LossScaler(None, self.scale, self.growth_factor, self.backoff_factor, self.growth_interval)
+        other.load_state_dict(self.state_dict())
+        return other
 
     def state_dict(self) -> dict:
         return {"scale": self.scale, "good_steps": self.good_steps, "skipped": self.skipped}
@@ -107,8 +142,7 @@ class ScaledOptimizer:
     @torch.no_grad()
     def step(self, closure=None):
         grads = self._grads()
-        found = any(not bool(torch.isfinite(g).all()) for g in grads)
-        found = self.scaler.agree(found)
+        found = self.scaler.agree(overflowed(grads))
         if not found:
             for g in grads:
                 g.mul_(1.0 / self.scaler.scale)
@@ -126,8 +160,24 @@ class ScaledOptimizer:
         self.scaler.load_state_dict(state["scaler"])
 
 
-def scaled_factory(make_optimizer, scaler: LossScaler):
-    """`make_optimizer` whose optimizers unscale and skip with `scaler` (what a strategy is given)."""
-    def make(params):
-        return ScaledOptimizer(make_optimizer(params), scaler)
-    return make
+class ScaledFactory:
+    """`make_optimizer` whose optimizers unscale and skip with `scaler` (what a strategy is
+    given); `make` and `scaler` stay readable for the strategies that split them (`split`)."""
+
+    def __init__(self, make_optimizer, scaler: LossScaler):
+        self.make, self.scaler = make_optimizer, scaler
+
+    def __call__(self, params):
+        return ScaledOptimizer(self.make(params), self.scaler)
+
+
+def scaled_factory(make_optimizer, scaler: LossScaler) -> ScaledFactory:
+    return ScaledFactory(make_optimizer, scaler)
+
+
+def split(make_optimizer):
+    """(the plain optimizer factory, its LossScaler or None): for a strategy that scales
+    where its own protocol decides (the parameter servers, Horovod)."""
+    if isinstance(make_optimizer, ScaledFactory):
+        return make_optimizer.make, make_optimizer.scaler
+    return make_optimizer, None

@@ -10,17 +10,24 @@ Options: see PSOptions.
 
 The protocol engine here serves one or several shards, so ps-sharded is this class with
 another layout and a flat-shard optimizer (see ShardedParameterServer).
+
+fp16 (a psrt.dp.precision.ScaledFactory as make_optimizer): every push carries the scale its
+gradient was computed with; the servers check the averaged gradient, decide together and
+answer whether the step was skipped, so every rank skips the same steps and keeps one scale
+(psrt/dp/precision.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from mpi4py import MPI
 
 from psrt.dp.base import DataParallel, StepStats
 from psrt.dp.common import optimizer_state_bytes
-from psrt.dp.ps_protocol import (TAG_DONE, TAG_PULL, TAG_PUSH, FlatParams, ModelShard, Wire,
-                                 average_in_order, broadcast_initial, check_staleness,
+from psrt.dp.precision import overflowed, split
+from psrt.dp.ps_protocol import (FOUND, SCALE, TAG_DONE, TAG_PULL, TAG_PUSH, FlatParams, ModelShard, Wire,
+                                 average_in_order, broadcast_initial, check_staleness, fill_push,
                                  local_backward, now, shard_ranges, timeout_option, wait_all)
 from psrt.dp.roles import Layout, ps_layout
 from psrt.errors import PsrtError
@@ -45,6 +52,9 @@ class ParameterServer(DataParallel):
 
     def __init__(self, model, make_optimizer, group, **options):
         super().__init__(model, make_optimizer, group, **options)
+        # fp16: the servers' optimizer is the plain one; unscaling and skipping happen in
+        # the protocol, which every rank takes part in (the scaler's comm is not used).
+        self.make_optimizer, self.scaler = split(make_optimizer)
         check_staleness(self.options.staleness, self.name)
         self.timeout_s = timeout_option(self.options.timeout_s, self.name)
         parent = group.comm
@@ -56,10 +66,15 @@ class ParameterServer(DataParallel):
         self.shard = self.server_ranks.index(self.rank) if self.rank in self.server_ranks else None
         # The PS protocol runs on its own communicator: its tags cannot match anything else.
         self.pcomm = parent.Dup()
+        # Several servers agree on fp16 overflow among themselves (a collective over them).
+        scaled_shards = self.scaler is not None and len(self.server_ranks) > 1
+        self.scomm = self.pcomm.Split(0 if self.shard is not None else MPI.UNDEFINED, self.rank) \
+            if scaled_shards else MPI.COMM_NULL
         self._step = 0
         self._finished = False
         self.init_bytes = broadcast_initial(self.pcomm, self.flat, self.timeout_s, self.name)
         dtype = self.flat.dtype
+        self.server_scaler = None
         if self.is_worker:
             self._push = [Wire(hi - lo, dtype) for lo, hi in self.ranges]
             self._pull = [Wire(hi - lo, dtype) for lo, hi in self.ranges]
@@ -72,6 +87,11 @@ class ParameterServer(DataParallel):
             self._acc = self._out.data.clone()
             self.server_totals = {"rounds": 0, "bytes_sent": 0, "bytes_received": 0,
                                   "update_s": 0.0}
+            # A co-located server keeps its own copy of the scale rule's state, so that its
+            # worker's update of the shared scaler is not applied twice; each answer lets
+            # the workers check that they agree with it.
+            self.server_scaler = None if self.scaler is None else (
+                self.scaler.clone() if self.is_worker else self.scaler)
 
     # ------------------------------------------------------------ layout (overridden by ps-sharded)
     def _layout(self, size: int, options: PSOptions) -> Layout:
@@ -117,7 +137,7 @@ class ParameterServer(DataParallel):
         for s, srv in enumerate(self.server_ranks):
             wire = self._push[s]
             self.flat.grads_into(wire.data, *self.ranges[s])
-            wire.head[0], wire.head[1] = self._step, loss
+            fill_push(wire, self._step, loss, self.scaler)
             if srv != self.rank:
                 # Post the receive for the answer before pushing, so it is never unexpected.
                 reqs.append(self.pcomm.Irecv(self._pull[s].msg(), srv, TAG_PULL))
@@ -138,13 +158,29 @@ class ParameterServer(DataParallel):
                 raise PsrtError(f"--dp {self.name} worker rank {self.rank}: server rank {srv} "
                                 f"answered step {int(src.head[0])} while this rank is at step {self._step}")
             self.flat.load(src.data, *self.ranges[s])
+        answers = [self._out if srv == self.rank else self._pull[s] for s, srv in enumerate(self.server_ranks)]
+        if self.scaler is not None:
+            self._follow(answers)
         # Every server averaged the same workers' losses; shard 0's answer is the global loss.
-        global_loss = float((self._out if self.server_ranks[0] == self.rank else self._pull[0]).head[1])
+        global_loss = float(answers[0].head[1])
         self._step += 1
         total = now() - t0
         compute = (t1 - t0) + update_s
         return StepStats(loss=global_loss, compute_s=compute, comm_s=max(0.0, total - compute),
                          bytes_sent=sent, extra={"step": self._step, "local_loss": loss})
+
+    def _follow(self, answers: list[Wire]) -> None:
+        """fp16 on a worker: the servers' decision (skipped or not) moves this rank's scale by
+        the same rule, which must land where theirs did."""
+        decisions = {(float(a.head[FOUND]), float(a.head[SCALE])) for a in answers}
+        if len(decisions) != 1:
+            raise PsrtError(f"--dp {self.name} worker rank {self.rank}: the servers disagree on step "
+                            f"{self._step}'s overflow decision and loss scale {sorted(decisions)}")
+        found, scale = decisions.pop()
+        self.scaler.update(bool(found))
+        if self.scaler.scale != scale:
+            raise PsrtError(f"--dp {self.name} worker rank {self.rank}: loss scale {self.scaler.scale} after "
+                            f"step {self._step}, the servers have {scale}")
 
     def _servers_of(self, reqs: list, pending: list[int]) -> list[int]:
         # Requests are posted (Irecv, Isend) per remote server, then this rank's server sends.
@@ -167,7 +203,7 @@ class ParameterServer(DataParallel):
                 f"{[remote[i] for i in p]} after {self.timeout_s:.0f} s (a worker stopped without "
                 "calling finish()?)"))
         tags = {w: st.Get_tag() for w, st in zip(remote, statuses)}
-        parts, steps, losses, contributors = [], {}, [], []
+        parts, steps, losses, contributors, heads = [], {}, [], [], []
         for w in sorted(remote + ([self.rank] if own is not None else [])):
             if w == self.rank:
                 wire = own
@@ -181,6 +217,7 @@ class ParameterServer(DataParallel):
                 wire = inbox[w]
                 self.server_totals["bytes_received"] += wire.nbytes
             parts.append(wire.data)
+            heads.append(wire.head)
             steps[w] = int(wire.head[0])
             losses.append(float(wire.head[1]))
             contributors.append(w)
@@ -192,10 +229,17 @@ class ParameterServer(DataParallel):
                             f"step number ({listing}); did they resume from different checkpoints?")
         t0 = now()
         with self.tracer.span("server: reduce and update", "server", workers=len(parts)):
-            self.holder.apply(average_in_order(parts, self._acc), self._out.data)
+            avg = average_in_order(parts, self._acc)
+            skip = self._unscale(avg, heads)
+            if skip:
+                self.holder.current(self._out.data)
+            else:
+                self.holder.apply(avg, self._out.data)
         update_s = now() - t0
         self._out.head[0] = next(iter(steps.values()))
         self._out.head[1] = sum(losses) / len(losses)          # rank order, like the gradients
+        self._out.head[FOUND] = float(skip)
+        self._out.head[SCALE] = self.server_scaler.scale if self.server_scaler else 1.0
         send = [self.pcomm.Isend(self._out.msg(), w, TAG_PULL) for w in contributors if w != self.rank]
         nbytes = len(send) * self._out.nbytes
         totals = self.server_totals
@@ -203,6 +247,31 @@ class ParameterServer(DataParallel):
         totals["bytes_sent"] += nbytes
         totals["update_s"] += update_s
         return send, nbytes, update_s
+
+    def _unscale(self, avg, heads: list) -> bool:
+        """fp16 on a server: whether every server skips this step; if not, the average is
+        unscaled in place.  An inf or NaN in any worker's gradient reaches the average of
+        its slice, and a sum of finite values may overflow too, so each server checks its
+        average and several servers agree by one all-reduce among them: an overflow in one
+        slice skips the step on every server.  The scale moves by GradScaler's rule."""
+        scaler = self.server_scaler
+        if scaler is None:
+            return False
+        scales = {float(h[SCALE]) for h in heads}
+        if scales != {scaler.scale}:
+            raise PsrtError(f"--dp {self.name} server rank {self.rank}: workers computed step "
+                            f"{int(heads[0][0])} with loss scale(s) {sorted(scales)}, this server is at {scaler.scale}")
+        skip = overflowed([avg])
+        if self.scomm != MPI.COMM_NULL:
+            mine, every = np.array([int(skip)], dtype=np.int32), np.zeros(1, dtype=np.int32)
+            req = self.scomm.Iallreduce(mine, every, op=MPI.MAX)
+            wait_all([req], self.timeout_s, lambda p: f"--dp {self.name} server rank {self.rank}: the other "
+                     f"servers did not share their overflow check within {self.timeout_s:.0f} s")
+            skip = bool(every[0])
+        if not skip:
+            avg.mul_(1.0 / scaler.scale)        # as GradScaler: unscale the averaged gradient
+        scaler.update(skip)
+        return skip
 
     def serve(self, rounds: int | None = None) -> bool:
         """Dedicated servers: answer rounds until every worker has sent its DONE sentinel, or
@@ -235,6 +304,8 @@ class ParameterServer(DataParallel):
             wait_all(reqs, self.timeout_s, lambda p: f"--dp {self.name} worker rank {self.rank}: "
                      f"servers did not take the DONE sentinel within {self.timeout_s:.0f} s")
         self.serve()
+        if self.scomm != MPI.COMM_NULL:
+            self.scomm.Free()
         self.pcomm.Free()
 
     # ------------------------------------------------------------ checkpoints
@@ -243,10 +314,24 @@ class ParameterServer(DataParallel):
         ps = {"step": self._step}
         if self.shard is not None:
             ps["server"] = self.holder.state_dict()
-        return {"model": self.model.state_dict(), "ps": ps}
+        state = {"model": self.model.state_dict(), "ps": ps}
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()
+        if self.server_scaler is not None:
+            ps["server_scaler"] = self.server_scaler.state_dict()
+        return state
+
+    def load_scaler(self, state: dict) -> None:
+        """fp16: the scale and its counters from a checkpoint (a rank's own, or any rank's:
+        every rank keeps the same)."""
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
+            if self.server_scaler is not None:
+                self.server_scaler.load_state_dict(state["ps"].get("server_scaler", state["scaler"]))
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
+        self.load_scaler(state)
         ps = state.get("ps", {})
         self._step = int(ps.get("step", 0))
         if self.shard is not None:

@@ -19,6 +19,14 @@ would share the GIL with rank 0's forward/backward and every pull would wait for
 own rank the server answers at once, its cost shows on its own link, and the protocol stays
 single-threaded (no MPI_THREAD_MULTIPLE locking on the training path).
 
+fp16 (a psrt.dp.precision.ScaledFactory as make_optimizer): the server runs the scale rule
+per clock.  Each push carries the scale its gradient was computed with; the server checks
+each gradient, brings the clock's to one scale before averaging, skips a clock that overflowed
+(the update is the identity, the clock still counts), halves the scale only for an overflow
+computed at the present scale or below (a stale push from before a halving does not halve it
+again), and every answer tells the worker the scale to compute with next.  With staleness 0
+this is the synchronous rule exactly (psrt/dp/precision.py).
+
 Options: see AsyncPSOptions.
 """
 from __future__ import annotations
@@ -27,9 +35,10 @@ from dataclasses import dataclass
 
 from psrt.dp.base import DataParallel, StepStats
 from psrt.dp.common import optimizer_state_bytes
-from psrt.dp.ps_protocol import (TAG_DONE, TAG_FINAL, TAG_PULL, TAG_PUSH, FlatParams, ModelShard,
-                                 Wire, average_in_order, broadcast_initial, local_backward, now,
-                                 probe_any, timeout_option, wait_all)
+from psrt.dp.precision import overflowed, split
+from psrt.dp.ps_protocol import (ASYNC_HEADER, SCALE, TAG_DONE, TAG_FINAL, TAG_PULL, TAG_PUSH,
+                                 FlatParams, ModelShard, Wire, average_in_order, broadcast_initial,
+                                 fill_push, local_backward, now, probe_any, timeout_option, wait_all)
 from psrt.dp.roles import async_layout
 from psrt.errors import PsrtError
 
@@ -108,6 +117,7 @@ class AsyncParameterServer(DataParallel):
 
     def __init__(self, model, make_optimizer, group, **options):
         super().__init__(model, make_optimizer, group, **options)
+        self.make_optimizer, self.scaler = split(make_optimizer)   # fp16: the server runs the rule
         options = self.options
         parent = group.comm
         self.rank, self.size = parent.Get_rank(), parent.Get_size()
@@ -127,11 +137,11 @@ class AsyncParameterServer(DataParallel):
         self.init_bytes = broadcast_initial(self.pcomm, self.flat, self.timeout_s, self.name)
         m, dtype = self.flat.numel, self.flat.dtype
         if self.is_worker:
-            self._push, self._pull = Wire(m, dtype), Wire(m, dtype)
+            self._push, self._pull = Wire(m, dtype), Wire(m, dtype, ASYNC_HEADER)
         else:
-            self.holder = ModelShard(self.flat, make_optimizer)
+            self.holder = ModelShard(self.flat, self.make_optimizer)
             self.table = SSPTable(self.worker_ranks, self.staleness)
-            self._out = Wire(m, dtype)
+            self._out = Wire(m, dtype, ASYNC_HEADER)
             self._acc = self._out.data.clone()
             self._spare: list[Wire] = []          # gradient buffers of applied clocks, reused
             self._head = Wire(0, dtype)
@@ -172,7 +182,7 @@ class AsyncParameterServer(DataParallel):
         loss = local_backward(self.model, loss_fn, microbatches)
         t1 = now()
         self.flat.grads_into(self._push.data)
-        self._push.head[0], self._push.head[1] = self._clock, loss
+        fill_push(self._push, self._clock, loss, self.scaler)
         # The pull is posted first: the push doubles as the request for parameters.
         reqs = [self.pcomm.Irecv(self._pull.msg(), self.server_rank, TAG_PULL),
                 self.pcomm.Isend(self._push.msg(), self.server_rank, TAG_PUSH)]
@@ -183,6 +193,7 @@ class AsyncParameterServer(DataParallel):
             raise PsrtError(f"--dp ps-async worker rank {self.rank}: the server answered clock "
                             f"{clock}, expected {self._clock + 1}")
         self.flat.load(self._pull.data)
+        self._follow()
         self._clock = clock
         total = now() - t0
         # version: clocks applied in the parameters this worker now holds; it computes clock
@@ -194,6 +205,12 @@ class AsyncParameterServer(DataParallel):
             extra["loss_scope"] = "local"
         return StepStats(loss=loss, compute_s=t1 - t0, comm_s=total - (t1 - t0),
                          bytes_sent=self._push.nbytes, extra=extra)
+
+    def _follow(self) -> None:
+        """fp16 on a worker: the scale to compute the next clock with, and the clocks skipped
+        so far, as the server's answer says."""
+        if self.scaler is not None:
+            self.scaler.follow(float(self._pull.head[4]), int(self._pull.head[5]))
 
     def finish(self) -> None:
         """Workers: send DONE and receive the final parameters (the same on every worker once
@@ -208,6 +225,7 @@ class AsyncParameterServer(DataParallel):
             wait_all(reqs, self.timeout_s, self._fail("no final parameters (other workers still "
                                                       "training or gone?)"))
             self.flat.load(self._pull.data)
+            self._follow()
         else:
             self.serve()
         self.pcomm.Free()
@@ -228,6 +246,7 @@ class AsyncParameterServer(DataParallel):
             self._final_sent = True
             out = self._out
             out.head[:3] = out.head.new_tensor([-1, table.applied, table.applied])
+            out.head[4:] = out.head.new_tensor(self._scale_now())
             for w in self.worker_ranks:
                 self.pcomm.Send(out.msg(), w, TAG_FINAL)
                 self.server_totals["bytes_sent"] += out.nbytes
@@ -253,7 +272,7 @@ class AsyncParameterServer(DataParallel):
             raise PsrtError(f"--dp ps-async server rank {self.rank}: unexpected tag {tag} from rank {src}")
         for _clock, wires in table.complete():
             t0 = now()
-            self.holder.apply(average_in_order([w.data for w in wires], self._acc), out.data)
+            self._apply_clock(wires)
             self._last_loss = sum(float(w.head[1]) for w in wires) / len(wires)
             totals["update_s"] += now() - t0
             totals["clocks_applied"] += 1
@@ -265,11 +284,40 @@ class AsyncParameterServer(DataParallel):
             totals["pulls"] += 1
             if self.clock_log is not None:
                 self.clock_log.append((w, table.clock[w], slowest, table.applied))
-            out.head[:] = out.head.new_tensor([table.clock[w], table.applied, slowest, self._last_loss])
+            out.head[:] = out.head.new_tensor([table.clock[w], table.applied, slowest, self._last_loss,
+                                               *self._scale_now()])
             # Blocking send: w posted this receive before pushing, so it matches at once, and
             # `out` may be rewritten as soon as Send returns.
             self.pcomm.Send(out.msg(), w, TAG_PULL)
             totals["bytes_sent"] += out.nbytes
+
+    def _apply_clock(self, wires: list[Wire]) -> None:
+        """One clock's update from its gradients (in worker-rank order) into the parameters
+        and the answer buffer.  Under fp16 the gradients are brought to the smallest scale
+        among them (a power-of-two factor: exact), averaged, checked and unscaled, so a clock
+        computed at one scale is averaged exactly as the synchronous servers do; a clock that
+        overflowed is skipped (module docstring)."""
+        scaler, out = self.scaler, self._out.data
+        if scaler is None:
+            self.holder.apply(average_in_order([w.data for w in wires], self._acc), out)
+            return
+        scales = [float(w.head[SCALE]) for w in wires]
+        flagged = [scale for w, scale in zip(wires, scales) if overflowed([w.data])]
+        low = min(scales)
+        for w, scale in zip(wires, scales):
+            if scale != low:
+                w.data.mul_(low / scale)
+        avg = average_in_order([w.data for w in wires], self._acc)
+        skip = bool(flagged) or overflowed([avg])
+        if skip:
+            self.holder.current(out)
+        else:
+            self.holder.apply(avg.mul_(1.0 / low), out)
+        scaler.update(skip, at_scale=min(flagged) if flagged else low)
+
+    def _scale_now(self) -> list[float]:
+        """The answer's last two slots: the scale to compute with, clocks skipped so far."""
+        return [self.scaler.scale, self.scaler.skipped] if self.scaler is not None else [1.0, 0]
 
     # ------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
@@ -277,12 +325,17 @@ class AsyncParameterServer(DataParallel):
         if not self.is_worker:
             ps["server"] = self.holder.state_dict()
             ps["clocks_applied"] = self.table.applied
-        return {"model": self.model.state_dict(), "ps": ps}
+        state = {"model": self.model.state_dict(), "ps": ps}
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()    # the server's rule, a worker's copy of it
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Model and (on the server) optimizer state.  Clocks restart at 0: they count pushes
         since this strategy was built and only their differences matter."""
         self.model.load_state_dict(state["model"])
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
         ps = state.get("ps", {})
         if not self.is_worker:
             where = f"--dp ps-async server rank {self.rank}"

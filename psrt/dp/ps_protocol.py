@@ -7,8 +7,8 @@ plain and sharded) and ps_async.py (stale-synchronous); docs/parameter_server.md
 
 Message format: one contiguous byte buffer holding the payload (gradient or parameter slice,
 in the parameters' dtype) followed by a small float64 header (step / clock numbers, exact up
-to 2**53), so a push or a pull is exactly one MPI message and a sentinel can carry the
-sender's final clock.
+to 2**53; fp16 loss scales, powers of two), so a push or a pull is exactly one MPI message
+and a sentinel can carry the sender's final clock.
 """
 from __future__ import annotations
 
@@ -35,6 +35,12 @@ TAG_DONE = 304    # worker -> server: sentinel "this worker has finished" + head
 TAG_FINAL = 305   # server -> worker (ps-async): final parameters once every worker is done
 
 HEADER = 4        # float64 slots after the payload
+# What the slots hold.  A push: [step or clock, local loss, 0, SCALE: the fp16 loss scale
+# its gradient was computed with].  A synchronous answer: [step, mean loss, FOUND: the step
+# was skipped (an overflow), SCALE: the scale after it].  ps-async answers have ASYNC_HEADER slots: [clock, clocks applied,
+# slowest clock, loss of the last applied clock, scale to compute with, clocks skipped].
+FOUND, SCALE = 2, 3
+ASYNC_HEADER = 6
 
 
 class Wire:
@@ -44,11 +50,11 @@ class Wire:
     with any MPI; pinned when CUDA is present so those copies run at full speed.
     """
 
-    def __init__(self, numel: int, dtype: torch.dtype):
+    def __init__(self, numel: int, dtype: torch.dtype, header: int = HEADER):
         self.numel = numel
         itemsize = torch.empty(0, dtype=dtype).element_size()
         data_bytes = -(-numel * itemsize // 8) * 8          # pad so the header is 8-aligned
-        self.buf = torch.zeros(data_bytes + 8 * HEADER, dtype=torch.uint8,
+        self.buf = torch.zeros(data_bytes + 8 * header, dtype=torch.uint8,
                                pin_memory=torch.cuda.is_available())
         self.data = self.buf[:numel * itemsize].view(dtype)
         self.head = self.buf[data_bytes:].view(torch.float64)
@@ -114,6 +120,12 @@ class FlatParams:
             p.view(-1)[ps:ps + n].copy_(src[os_:os_ + n])
 
 
+def fill_push(wire: Wire, step: int, loss: float, scaler) -> None:
+    """A push's header: the step or clock, the local loss, and the fp16 loss scale the
+    gradient was computed with (1 without scaling)."""
+    wire.head[:SCALE + 1] = wire.head.new_tensor([step, loss, 0.0, scaler.scale if scaler else 1.0])
+
+
 def shard_ranges(numel: int, shards: int) -> list[tuple[int, int]]:
     """Size-balanced contiguous ranges of the flat vector, one per server (ps-lite's key
     ranges, Li et al. OSDI 2014 sec. 4.3): sizes differ by at most one element, larger first,
@@ -151,6 +163,10 @@ class ModelShard:
         self.optimizer.step()
         self.flat.params_into(out)
 
+    def current(self, out: torch.Tensor) -> None:
+        """The parameters as they are into `out` (the answer to a skipped step)."""
+        self.flat.params_into(out)
+
     def state_numel(self) -> int:
         return _state_numel(self.optimizer)
 
@@ -181,6 +197,9 @@ class FlatShard:
     def apply(self, avg_grad: torch.Tensor, out: torch.Tensor) -> None:
         self.param.grad = avg_grad.to(self.param.device)
         self.optimizer.step()
+        self.current(out)
+
+    def current(self, out: torch.Tensor) -> None:
         out.copy_(self.param.detach())
 
     def state_numel(self) -> int:

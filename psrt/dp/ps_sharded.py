@@ -50,8 +50,10 @@ class ShardedParameterServer(ParameterServer):
     def load_resharded(self, states: list[dict]) -> None:
         """Resume from a run with another number of shards: the old servers' slices of the
         parameters and of the optimizer state are reassembled (the same key ranges as
-        ShardMap's one-unit map) and this server takes its new range."""
+        ShardMap's one-unit map) and this server takes its new range; an fp16 run's loss
+        scale carries over."""
         self.model.load_state_dict(states[0]["model"])
+        self.load_scaler(states[0])           # rank 0 trains in every layout; all ranks keep one scale
         self._step = int(states[0]["ps"]["step"])
         servers = sorted((s["ps"]["server"] for s in states if "server" in s["ps"]), key=lambda s: s["lo"])
         old = ShardMap([self.flat.numel], len(servers))

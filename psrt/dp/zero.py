@@ -321,11 +321,12 @@ class Zero2(ZeroOptimizer):
         return [sum(self.params[i].numel() for i in b) for b in self.buckets]
 
     def _setup(self) -> None:
-        like = self.flat
+        # On the parameters' device (new_zeros): the gradients are copied in there, and the
+        # shard's parts become the .grad of the parameters the optimizer steps.
         biggest = max(u.numel for u in self.map.units)
-        self.pool = [torch.zeros(biggest, dtype=like.dtype) for _ in range(min(self.IN_FLIGHT, len(self.buckets)))]
+        self.pool = [self.flat.new_zeros(biggest) for _ in range(min(self.IN_FLIGHT, len(self.buckets)))]
         # This rank's averaged gradient parts, end to end: all the gradient it ever holds.
-        self.grad_shard = torch.zeros(self.shard, dtype=like.dtype)
+        self.grad_shard = self.flat.new_zeros(self.shard)
         at = self.map.shard_offsets(self.group.rank)
         self.grad_parts = [self.grad_shard[a:b] for a, b in zip(at, at[1:])]
         self.where = {}                    # parameter index -> bucket

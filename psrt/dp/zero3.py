@@ -124,6 +124,9 @@ class Zero3(DataParallel):
         self._inflight: list = []
         self._sent, self._comm_s = 0, 0.0
         self._finished = False
+        # On CUDA the gathers run on a side stream, so a prefetched unit's copies overlap the
+        # compute queued on the current stream (what FSDP's all-gather stream does).
+        self._side = torch.cuda.Stream(self.shard.device) if self.shard.is_cuda else None
         for u in self.units:
             self._release(u)
         self._hooks = []
@@ -142,9 +145,17 @@ class Zero3(DataParallel):
     def _gather(self, u: _Unit) -> None:
         """Start the all-gather of u's parameters (nothing if gathered or on the way)."""
         if u.full is None and u.pending is None and u.numel:
-            buf = self.shard.new_empty(u.numel)
-            handle = self.group.allgather(u.part, out=buf, counts=u.counts, algorithm=self.algorithm,
-                                          async_op=True)
+            if self._side is None:
+                buf = self.shard.new_empty(u.numel)
+                handle = self.group.allgather(u.part, out=buf, counts=u.counts, algorithm=self.algorithm,
+                                              async_op=True)
+            else:
+                # The part may just have been written by the optimizer on the current stream.
+                self._side.wait_stream(torch.cuda.current_stream(self.shard.device))
+                with torch.cuda.stream(self._side):       # the buffer and the collective's copies
+                    buf = self.shard.new_empty(u.numel)
+                    handle = self.group.allgather(u.part, out=buf, counts=u.counts, algorithm=self.algorithm,
+                                                  async_op=True)
             self._sent += self._wire("allgather", u.numel, buf.dtype)
             u.pending = (handle, buf)
 
@@ -156,6 +167,12 @@ class Zero3(DataParallel):
             t0 = time.perf_counter()
             with self.tracer.span("wait for gather", "wait", unit=u.index):
                 handle.wait()
+            if self._side is not None:
+                current = torch.cuda.current_stream(buf.device)
+                current.wait_stream(self._side)
+                # Allocated on the side stream, used on this one: the caching allocator must not
+                # hand its memory out again before this stream's work on it is done.
+                buf.record_stream(current)
             self._comm_s += time.perf_counter() - t0
             u.full, u.pending = buf, None
             self._by_storage[buf.untyped_storage().data_ptr()] = u
@@ -289,7 +306,8 @@ class Zero3(DataParallel):
         elapsed = time.perf_counter() - start
         return StepStats(loss=float(loss[0]), compute_s=elapsed - self._comm_s, comm_s=self._comm_s,
                          bytes_sent=self._sent, extra={"shard_elements": self.shard.numel(),
-                                                       "units": len(self.units)})
+                                                       "units": len(self.units),
+                                                       "prefetch_stream": "none" if self._side is None else "side"})
 
     def memory(self) -> dict:
         held = self.host.tensors() if self.host is not None else self.optimizer

@@ -36,7 +36,7 @@ def main(argv=None) -> int:
               f"{cfg.optimizer} lr {cfg.lr:g}")
         print(report.summary_table(rows))
         if "mem_states" in rows[0]:
-            print("\n" + report.memory_block(rows, cfg.optimizer))
+            print("\n" + report.memory_block(rows, cfg.optimizer, cfg.precision))
         if "link" in rows[0]:
             print("\n" + prediction.describe(rows))
         for row in rows:

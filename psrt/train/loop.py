@@ -74,8 +74,6 @@ def check_strategies(cfg: TrainConfig) -> None:
     hybrid = cfg.pp * cfg.tp != 1
     accepted = {"algorithm"} if hybrid else set()
     for dp in cfg.dp_list:
-        if not hybrid and cfg.model != "moe":   # hybrid and MoE runs step on every rank: fp16 works with all
-            precision.check(cfg.precision, dp)
         if hybrid:
             check_hybrid(cfg, dp)
         else:
@@ -219,24 +217,29 @@ def activations(model, forward) -> int:
 
 
 def memory_row(dp: str, everyone: list[dict], model, cfg: TrainConfig) -> dict:
-    """The ledger's columns: the most any rank holds of each part, the activations of one
-    micro-batch, and ZeRO's formula for the model states (psrt.dp.memory)."""
-    most = {part: max(r["held"][part] for r in everyone) for part in memory.PARTS + ("buffers",)}
+    """The ledger's columns: the most any rank holds of each part and where (host or device
+    memory), the activations of one micro-batch, and ZeRO's formula for the model states
+    (psrt.dp.memory)."""
+    most = {part: max(r["held"][part] for r in everyone) for part in memory.PARTS + ("buffers", "host", "device")}
     phi = sum(p.numel() for p in model.parameters() if p.requires_grad)
     k = memory.state_bytes_per_param(cfg.optimizer, cfg.momentum)
     d = next(model.parameters()).element_size()
-    expect = memory.formula(dp, phi, sum(r["worker"] for r in everyone), k, d)
+    offload = bool(cfg.offload_optimizer) and "offload_optimizer" in option_names(strategy_class(dp))
+    expect = memory.formula(dp, phi, sum(r["worker"] for r in everyone), k, d, offload)
     row = {f"mem_{part}": v for part, v in most.items()}
     row["mem_states"] = max(sum(r["held"][part] for part in memory.PARTS) for r in everyone)
     row["mem_activations"] = max(r["held"].get("activations", 0) for r in everyone)
     row["params"] = phi
+    row["offload"] = offload
     if expect is not None:
         row["formula_states"] = sum(expect.values())
-    if cfg.model == "transformer" and cfg.precision == "fp32":     # the formula counts fp32 tensors
+    if cfg.model == "transformer":
         blocks = model.blocks
+        compute = precision.DTYPES[cfg.precision]
         row["formula_activations"] = memory.transformer_activations(
             cfg.seq_len, cfg.batch_size // max(1, sum(r["worker"] for r in everyone)) // cfg.accum,
-            blocks[0].ln1.normalized_shape[0], len(blocks), model.head.out.out_features, d, cfg.recompute)
+            blocks[0].ln1.normalized_shape[0], len(blocks), model.head.out.out_features, d, cfg.recompute,
+            compute=None if compute is None else torch.empty(0, dtype=compute).element_size())
     return row
 
 

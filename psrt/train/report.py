@@ -132,22 +132,38 @@ MEMORY_COLUMNS = [("dp", "strategy", ""), ("mem_params", "params", "bytes"), ("m
                   ("formula_states", "formula", "bytes"), ("vs_formula", "vs formula", "+.1%"),
                   ("mem_buffers", "comm buffers", "bytes"), ("mem_activations", "activations/micro-batch", "bytes"),
                   ("formula_activations", "formula", "bytes")]
+PLACE_COLUMNS = [("mem_device", "on device", "bytes"), ("mem_host", "on host", "bytes")]
 
 
-def memory_block(rows: list[dict], optimizer: str) -> str:
+def memory_block(rows: list[dict], optimizer: str, precision: str = "fp32") -> str:
     """The memory ledger under the summary: what the rank holding the most keeps of each
     model state after the last step, measured, beside ZeRO's formula, and the activations
-    one micro-batch's forward keeps for backward (psrt.dp.memory)."""
+    one micro-batch's forward keeps for backward (psrt.dp.memory).  Where a rank holds
+    anything on an accelerator, or offloads its optimizer, its bytes are split by where they
+    live."""
     for r in rows:
         if r.get("formula_states"):
             r["vs_formula"] = r["mem_states"] / r["formula_states"] - 1
     phi = rows[0]["params"]
-    columns = MEMORY_COLUMNS if any("formula_activations" in r for r in rows) else MEMORY_COLUMNS[:-1]
-    acts = ("; activations: Korthikanti et al. (2022) adapted to psrt's transformer (16 sbh elements per block, 1 with --recompute)"
-            if columns is MEMORY_COLUMNS else "")
+    formula_acts = any("formula_activations" in r for r in rows)
+    columns = MEMORY_COLUMNS if formula_acts else MEMORY_COLUMNS[:-1]
+    if any(r.get("offload") or r.get("mem_device") for r in rows):
+        columns = columns + PLACE_COLUMNS
+    acts = ""
+    if formula_acts:
+        acts = ("; activations: Korthikanti et al. (2022) adapted to psrt's transformer (16 sbh elements per block, "
+                "1 with --recompute" + ("; under autocast 14 of them 16-bit, the LayerNorm inputs fp32, and a 16-bit "
+                                        "copy of the matmul weights" if precision != "fp32" else "") + ")")
+    mixed = ""
+    if precision != "fp32":
+        mixed = (f"; --precision {precision} keeps fp32 parameters as the master weights and casts per operation "
+                 "(autocast): 4 + 4 + 8 = 16 bytes per parameter, the same total as the paper's 2 Phi + 2 Phi + 12 Phi "
+                 "for 16-bit parameters and gradients beside fp32 master weights")
+    offload = ("; --offload-optimizer: the optimizer's part is in host memory and holds the rank's fp32 master and "
+               "gradient copies too, (K + 8) Phi / N" if any(r.get("offload") for r in rows) else "")
     return (f"memory per rank, measured after the last step; formula: ZeRO's (Rajbhandari et al., SC 2020) for "
             f"Phi = {phi:,} parameters, {optimizer} (16 Phi ddp, 8 Phi + 8 Phi/N zero1, 4 Phi + 12 Phi/N zero2, "
-            f"16 Phi/N zero3 with fp32 Adam){acts}\n" + format_table(rows, columns))
+            f"16 Phi/N zero3 with fp32 Adam){mixed}{offload}{acts}\n" + format_table(rows, columns))
 
 
 def moe_block(row: dict) -> str:

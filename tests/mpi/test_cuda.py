@@ -28,3 +28,20 @@ def test_cuda_on_the_torch_backend(run_ranks, aware):
     for rec in run.records():
         assert rec["failures"] == [], rec
         assert rec["checked"] >= 8
+
+
+def test_sharded_stages_on_cuda(run_ranks):
+    """zero1/2/3 with the model on the GPU, N = 2 sharing the device, equal one process there:
+    with every buffer of theirs (flat parameters, gradient buckets and shard, zero3's gathered
+    units, prefetched on a side stream) on the device, and with the optimizer offloaded to the
+    host (pinned copies down and up each step)."""
+    names = ("zero1", "zero2", "zero3")
+    recs = run_ranks(2, "dp_equivalence.py", "--dp", ",".join(names + tuple(f"{n}/offload" for n in names)),
+                     "--device", "cuda", "--accum", "2", "--optimizer", "adam", "--lr", "0.01", "--rtol", "1e-4",
+                     "--atol", "1e-5", timeout=300).check().records()
+    assert len(recs) == 12
+    for r in recs:
+        assert r["ok"] and r["loss_ok"], r
+        assert r["devices"] == ["cuda"], r
+    side = [r for r in recs if r["dp"] == "zero3"]
+    assert all(r["extra"]["prefetch_stream"] == "side" for r in side), side

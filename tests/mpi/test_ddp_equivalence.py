@@ -1,6 +1,7 @@
 """--dp ring, native, torch and zero1/2/3 on N = 1, 2, 3, 4 ranks leave the same parameters after
 k steps as one process on the whole global batch (tests/mpi/ranks/dp_equivalence.py; one launch
-of 4 ranks runs every size on sub-communicators), with SGD and, for the sharded ones, Adam.  The
+of 4 ranks runs every size on sub-communicators), with SGD and, for the sharded ones, Adam with
+the optimizer on the parameters' own device and offloaded to the host.  The
 test model has 553 parameters in 4 layers, so no N above 1 divides every unit evenly.
 
 Tolerance (fp32): the runs differ from the reference only in the order in which per-sample
@@ -67,17 +68,18 @@ def check(recs: list, n: int) -> None:
 
 @pytest.fixture(scope="module")
 def adam_records():
-    # With the optimizer offloaded (its masters and state in separate host tensors, copied
-    # down and up each step); the SGD launch above runs the sharded stages without it.
-    return by_strategy_and_size("--dp", ",".join(SHARDED), "--optimizer", "adam", "--lr", "0.01",
-                                "--offload-optimizer")
+    # Each sharded stage twice in one launch: its optimizer over views of the flat parameters,
+    # and offloaded (its masters and state in separate host tensors, copied down and up each step).
+    return by_strategy_and_size("--dp", ",".join(SHARDED + tuple(f"{dp}/offload" for dp in SHARDED)),
+                                "--optimizer", "adam", "--lr", "0.01")
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("offload", ("", "/offload"))
 @pytest.mark.parametrize("dp", SHARDED)
-def test_sharded_with_adam_offloaded_equal_one_process(adam_records, dp, n):
-    check(adam_records[(dp, n)], n)
+def test_sharded_with_adam_equal_one_process(adam_records, dp, offload, n):
+    check(adam_records[(dp + offload, n)], n)
 
 
 @pytest.mark.mpi

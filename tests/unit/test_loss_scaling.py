@@ -3,7 +3,7 @@ the same parameters over a run with overflows; and the flags that select it."""
 import pytest
 import torch
 
-from psrt.dp.precision import LossScaler, ScaledOptimizer, check
+from psrt.dp.precision import LossScaler, ScaledOptimizer, check, scaled_factory, split
 from psrt.errors import PsrtError
 from psrt.train.config import parse_args
 from psrt.train.loop import check_strategies
@@ -53,14 +53,12 @@ def test_the_loss_keeps_its_value_and_only_its_gradient_is_scaled():
     assert x.grad.item() == 16.0
 
 
-@pytest.mark.parametrize("argv,words", [
-    ("--dp ps --precision fp16", "--precision fp16 with --dp ps: loss scaling needs every rank"),
-    ("--dp horovod --precision fp16", "--precision fp16 with --dp horovod"),
-])
-def test_where_fp16_cannot_go_is_one_line(argv, words):
+def test_every_data_parallel_strategy_takes_fp16_and_a_wrong_name_is_one_line():
+    # the parameter servers agree on overflow in their protocol, Horovod wraps the scaled step
+    check_strategies(parse_args("--dp ring,zero1,zero2,zero3,ps,ps-sharded,ps-async,horovod --precision fp16".split()))
     with pytest.raises(PsrtError) as err:
-        check_strategies(parse_args(argv.split()))
-    assert str(err.value).startswith(words), str(err.value)
+        check("fp8")
+    assert str(err.value).startswith("--precision 'fp8': choose one of fp32, bf16, fp16"), str(err.value)
 
 
 def test_a_hybrid_or_moe_run_takes_fp16_whatever_its_dp_axis_reduces_with():
@@ -70,6 +68,39 @@ def test_a_hybrid_or_moe_run_takes_fp16_whatever_its_dp_axis_reduces_with():
     check_strategies(parse_args("--model moe --pp 2 --dp ps --precision fp16".split()))
 
 
-def test_bf16_goes_everywhere_data_parallel():
-    for dp in ("ps", "ps-async", "horovod", "ring", "zero3"):
-        check("bf16", dp)
+def test_a_stale_overflow_skips_without_halving_again():
+    """ps-async's rule: an overflow computed at the present scale (or below) halves it; one
+    computed at a larger, older scale only skips; growth counts from the last overflow."""
+    scaler = LossScaler(None, init_scale=1024.0, growth_interval=2)
+    scaler.update(True, at_scale=1024.0)
+    assert (scaler.scale, scaler.skipped, scaler.good_steps) == (512.0, 1, 0)
+    scaler.update(True, at_scale=1024.0)            # computed before the halving: skip only
+    assert (scaler.scale, scaler.skipped) == (512.0, 2)
+    scaler.update(True, at_scale=256.0)             # overflows even at a smaller scale
+    assert (scaler.scale, scaler.skipped) == (256.0, 3)
+    scaler.update(False)
+    scaler.update(False)
+    assert (scaler.scale, scaler.good_steps) == (512.0, 0)
+
+
+def test_a_server_copy_and_a_follower_keep_the_scale_and_counters():
+    scaler = LossScaler(None, init_scale=64.0, growth_interval=5)
+    scaler.update(True)
+    copy = scaler.clone()
+    assert copy.comm is None and copy.state_dict() == scaler.state_dict() == {"scale": 32.0, "good_steps": 0,
+                                                                              "skipped": 1}
+    copy.update(True)
+    assert scaler.scale == 32.0                      # the copy is its own
+    follower = LossScaler(None)
+    follower.follow(copy.scale, copy.skipped)
+    assert (follower.scale, follower.skipped) == (16.0, 2)
+
+
+def test_the_strategies_that_step_elsewhere_take_the_factory_apart():
+    scaler = LossScaler(None)
+    make = scaled_factory(lambda params: torch.optim.SGD(params, lr=0.1), scaler)
+    p = torch.nn.Parameter(torch.zeros(2))
+    assert isinstance(make([p]), ScaledOptimizer)
+    plain, got = split(make)
+    assert got is scaler and isinstance(plain([p]), torch.optim.SGD)
+    assert split(plain) == (plain, None)

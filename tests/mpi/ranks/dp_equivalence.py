@@ -6,6 +6,9 @@ strategy, present or future, can be checked with it:
 
     mpirun -np 4 python tests/mpi/ranks/dp_equivalence.py --dp ring,zero --accum 2 --sizes 1,2,3,4
 
+A name ending in "/offload" (zero1/offload) runs that strategy with offload_optimizer, so one
+launch compares a sharded stage with and without the optimizer on the host.
+
 Each rank builds the model from the same seed and keeps a deep copy as the single-process
 reference; ranks other than 0 then perturb their replica, so the check also fails if the
 strategy does not start every rank from rank 0's parameters.  The reference trains on the
@@ -69,11 +72,12 @@ def run(name: str, args, comm, rank: int) -> list:
             for p in model.parameters():
                 p.add_(1.0)
     make_opt = make_optimizer_factory(args)
+    strategy_name, _, variant = name.partition("/")
     options = dict(bucket_mb=args.bucket_mb, compress=args.compress, algorithm=args.algorithm,
                    servers=args.servers, staleness=args.staleness, overlap=not args.no_overlap,
-                   offload_optimizer=args.offload_optimizer or None)
+                   offload_optimizer=(args.offload_optimizer or variant == "offload") or None)
     # Each strategy takes only its own options (an unknown one is an error, not ignored).
-    cls = strategy_class(name)
+    cls = strategy_class(strategy_name)
     options = {k: v for k, v in options.items() if v is not None and k in option_names(cls)}
     strategy = cls(model, make_opt, comm, **options)
 
@@ -82,7 +86,7 @@ def run(name: str, args, comm, rank: int) -> list:
     X = torch.randn(args.steps * B, 10, generator=g).to(args.device)
     Y = torch.randint(0, 5, (args.steps * B,), generator=g).to(args.device)
 
-    losses = []
+    losses, extra, devices = [], {}, []
     if strategy.is_worker:
         W, w = strategy.num_workers, strategy.worker_rank
         per = B // W
@@ -92,6 +96,12 @@ def run(name: str, args, comm, rank: int) -> list:
             mbs = list(zip(x.chunk(args.accum), y.chunk(args.accum)))
             stats = strategy.step(loss_fn_for(model), mbs)
             losses.append((stats.loss, stats.extra.get("loss_scope", "global")))
+            extra = {k: v for k, v in stats.extra.items() if isinstance(v, (int, float, str))}
+        # Where the strategy keeps the parameters, gradients and its buffers (not the optimizer,
+        # which --offload-optimizer puts on the host).
+        held = strategy.memory()
+        devices = sorted({t.device.type for part in ("params", "grads", "buffers") for t in held.get(part) or []
+                          if t is not None and t.numel()})
         strategy.finish()
     else:
         strategy.serve()
@@ -117,7 +127,7 @@ def run(name: str, args, comm, rank: int) -> list:
     loss_ok = all(scope != "global" or abs(l - r) <= args.atol + args.rtol * abs(r)
                   for (l, scope), r in zip(losses, ref_losses))
     return [{"dp": name, "rank": rank, "worker": True, "size": comm.size, "max_abs": worst_abs,
-             "bad_params": bad, "ok": not bad, "loss_ok": loss_ok,
+             "bad_params": bad, "ok": not bad, "loss_ok": loss_ok, "extra": extra, "devices": devices,
              "losses": [l for l, _ in losses], "ref_losses": ref_losses}]
 
 

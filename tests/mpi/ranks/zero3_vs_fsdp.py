@@ -1,11 +1,12 @@
 """Rank-side check: psrt's --dp zero3 against PyTorch's own FSDP2 (fully_shard) on the same
 transformer, seeds, data and optimizer; and both against one process on the whole batch.
 
-    mpirun -np N python zero3_vs_fsdp.py [--steps 3] [--accum 2] [--optimizer adam]
+    mpirun -np N python zero3_vs_fsdp.py [--steps 3] [--accum 2] [--optimizer sgd,adam]
 
 FSDP2 runs on gloo, with each transformer block, the embedding and the head wrapped as its
 own unit (psrt's wrap policy picks the same modules).  Every rank prints one
-`PSRT-RESULT {json}` with the largest differences of the final parameters and the losses.
+`PSRT-RESULT {json}` per optimizer with the largest differences of the final parameters and
+the losses.
 """
 import argparse
 import copy
@@ -25,28 +26,21 @@ from psrt.train.models import TransformerLM
 VOCAB, SEQ = 32, 16
 
 
-def make_optimizer(args):
+def make_optimizer(name: str):
     def make(params):
-        if args.optimizer == "adam":
+        if name == "adam":
             return torch.optim.Adam(params, lr=1e-2)
         return torch.optim.SGD(params, lr=0.1, momentum=0.9)
     return make
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--accum", type=int, default=2)
-    ap.add_argument("--optimizer", choices=("sgd", "adam"), default="adam")
-    args = ap.parse_args()
-    world = psrt.init()
-    psrt.init_torch_distributed(world)
-    torch.set_num_threads(1)
+def compare(world, name: str, args) -> dict:
+    """zero3, FSDP2 and one process trained with optimizer `name`: the largest differences."""
     n, rank = world.size, world.rank
     torch.manual_seed(0)
     base = TransformerLM(vocab=VOCAB, dim=32, layers=2, heads=4, max_len=SEQ)
     ours, theirs, ref = copy.deepcopy(base), copy.deepcopy(base), copy.deepcopy(base)
-    make = make_optimizer(args)
+    make = make_optimizer(name)
 
     g = torch.Generator().manual_seed(1)
     per = 4 * args.accum
@@ -83,17 +77,29 @@ def main() -> None:
         ref_opt.step()
         losses["one process"].append(loss.item())
     zero3.finish()
+    group.close()
     full = {name: p.full_tensor() for name, p in theirs.named_parameters()}
     worst = {"zero3 vs fsdp2": 0.0, "zero3 vs one process": 0.0, "fsdp2 vs one process": 0.0}
-    for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
-        f = full[name]
+    for (pname, p), q in zip(ours.named_parameters(), ref.parameters()):
+        f = full[pname]
         worst["zero3 vs fsdp2"] = max(worst["zero3 vs fsdp2"], float((p - f).detach().abs().max()))
         worst["zero3 vs one process"] = max(worst["zero3 vs one process"], float((p - q).detach().abs().max()))
         worst["fsdp2 vs one process"] = max(worst["fsdp2 vs one process"], float((f - q).detach().abs().max()))
-    sys.stdout.write("PSRT-RESULT " + json.dumps({"rank": rank, "size": n, "max_abs": worst,
-                                                  "losses": losses}) + "\n")
-    sys.stdout.flush()
-    group.close()
+    return {"rank": rank, "size": n, "optimizer": name, "max_abs": worst, "losses": losses}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--accum", type=int, default=2)
+    ap.add_argument("--optimizer", default="sgd,adam", help="sgd, adam or both, comma separated")
+    args = ap.parse_args()
+    world = psrt.init()
+    psrt.init_torch_distributed(world)
+    torch.set_num_threads(1)
+    for name in args.optimizer.split(","):
+        sys.stdout.write("PSRT-RESULT " + json.dumps(compare(world, name, args)) + "\n")
+        sys.stdout.flush()
     dist.destroy_process_group()
     # As c10d_consumers.py: gloo's worker threads can abort the interpreter's finalization
     # ("terminate called without an active exception"); the result is out, so end MPI and

@@ -32,8 +32,8 @@ from psrt.transport import SUPPORTED_DTYPES, msg, np_view
 
 RedOpType = dist.ReduceOp.RedOpType
 _OPS = {RedOpType.SUM: "sum", RedOpType.AVG: "avg", RedOpType.PRODUCT: "prod",
-        RedOpType.MIN: "min", RedOpType.MAX: "max", RedOpType.PREMUL_SUM: "sum"}
-_BITWISE = {RedOpType.BAND: "BAND", RedOpType.BOR: "BOR", RedOpType.BXOR: "BXOR"}
+        RedOpType.MIN: "min", RedOpType.MAX: "max", RedOpType.PREMUL_SUM: "sum",
+        RedOpType.BAND: "band", RedOpType.BOR: "bor", RedOpType.BXOR: "bxor"}
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,6 @@ class Options:
 def reduce_op(op) -> tuple[str, object]:
     """(psrt op name, pre-multiplication factor or None) for a torch ReduceOp."""
     kind = op.op if isinstance(op, dist.ReduceOp) else op
-    if kind in _BITWISE:
-        return _BITWISE[kind], None
     if kind not in _OPS:
         raise PsrtError(f"psrt backend: reduce op {kind} is not supported")
     return _OPS[kind], (op.factor if kind == RedOpType.PREMUL_SUM else None)
@@ -188,9 +186,6 @@ class ProcessGroupPsrt(dist.ProcessGroup):
     # ------------------------------------------------------------ reductions
     def _allreduce_one(self, t: torch.Tensor, opts_op) -> None:
         op, factor = reduce_op(opts_op)
-        if op in ("BAND", "BOR", "BXOR"):
-            self._bitwise(t, op)
-            return
         work = t if t.is_contiguous() else t.contiguous()
         if factor is not None:
             work.mul_(factor)
@@ -198,15 +193,6 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         self.group.allreduce(buf, op, out=buf)
         if work.data_ptr() != t.data_ptr():
             t.copy_(work)
-
-    def _bitwise(self, t: torch.Tensor, op: str) -> None:
-        from mpi4py import MPI
-        if t.is_floating_point() or t.is_cuda:
-            raise PsrtError(f"psrt backend: {op} needs an integer or bool CPU tensor, got {t.dtype} on {t.device}")
-        buf = t.contiguous()
-        self.group.comm.Allreduce(MPI.IN_PLACE, np_view(buf), getattr(MPI, op))
-        if buf.data_ptr() != t.data_ptr():
-            t.copy_(buf)
 
     def allreduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceOptions()

@@ -91,13 +91,15 @@ def test_ddp_on_every_psrt_algorithm_equals_gloo(consumers, algorithm, n):
                 f"ddp on {algorithm} N={n}")
 
 
-@pytest.mark.parametrize("n", (3, 5))
-def test_every_call_and_error(run_ranks, n):
+@pytest.mark.parametrize("n,algorithm", ((3, "halving-doubling"), (5, None)))
+def test_every_call_and_error(run_ranks, n, algorithm):
     """Each collective against its definition (all ReduceOps, dtypes, uneven all-to-all, p2p,
-    odd subgroups; odd N, where folds and uneven splits show, and N = 1 below), then a
-    mismatched call, and a failing all-reduce seen by DDP's backward,
-    the future and Work.wait (tests/mpi/ranks/c10d_ops.py)."""
-    run = run_ranks(n, "c10d_ops.py", timeout=200).check()
+    p2p futures, odd subgroups, a reversed group; odd N, where folds and uneven splits show,
+    and N = 1 below), each group running the algorithm PSRT_ALGORITHM or its pg_options ask
+    for, then a mismatched call, and a failing all-reduce seen by DDP's backward, the future
+    and Work.wait (tests/mpi/ranks/c10d_ops.py)."""
+    env = {"PSRT_ALGORITHM": algorithm} if algorithm else {}
+    run = run_ranks(n, "c10d_ops.py", timeout=200, env=env).check()
     assert run.stdout.count("c10d ops ok") == n
 
 

@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import atexit
 import datetime
-import threading
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from psrt import env
+from psrt.c10d.p2p import P2PWork, store as _store
 from psrt.c10d.work import Work
 from psrt.collectives.communicator import Communicator
-from psrt.collectives.p2p import poll
 from psrt.collectives.executor import Executor
 from psrt.errors import PsrtError
 from psrt.transport import SUPPORTED_DTYPES, msg, np_view
@@ -72,14 +71,6 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 def _numel(t: torch.Tensor) -> int:
     """Elements of `_flat(t)`."""
     return t.numel() if t.dtype in SUPPORTED_DTYPES else t.numel() * t.element_size()
-
-
-def _store(flat: torch.Tensor, into: torch.Tensor) -> None:
-    """Copy a result produced by `_flat`-style tensors back into the user's tensor."""
-    if flat.dtype != into.dtype:
-        flat = flat.view(into.dtype)
-    if flat.data_ptr() != into.data_ptr() or not into.is_contiguous():
-        into.copy_(flat.view(into.shape))
 
 
 def _split_into(flat: torch.Tensor, outs: list[torch.Tensor]) -> None:
@@ -399,7 +390,7 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         if buf.is_cuda and not self.group._staging.direct_cuda:
             buf = buf.cpu()
         request = self._p2p.Isend(msg(buf), dst, tag)
-        return _P2PWork(request, [t], keep=buf, what=f"send to rank {dst} (tag {tag})")
+        return P2PWork(request, [t], keep=buf, what=f"send to rank {dst} (tag {tag})")
 
     def recv(self, tensors, src: int, tag: int):
         from mpi4py import MPI
@@ -409,7 +400,7 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         if buf.is_cuda and not self.group._staging.direct_cuda:
             buf = torch.empty(buf.shape, dtype=buf.dtype)
         request = self._p2p.Irecv(msg(buf), MPI.ANY_SOURCE if src < 0 else src, tag)
-        return _P2PWork(request, [t], keep=buf, into=t,
+        return P2PWork(request, [t], keep=buf, into=t,
                         what=f"recv from {'any rank' if src < 0 else f'rank {src}'} (tag {tag})")
 
     def recv_anysource(self, tensors, tag: int):
@@ -429,37 +420,3 @@ class ProcessGroupPsrt(dist.ProcessGroup):
 
     def abort(self) -> None:
         self.shutdown()
-
-
-class _P2PWork(Work):
-    """A send or receive in flight: an MPI request, completed by wait() (within PSRT_TIMEOUT,
-    so a message that never comes is an error naming the peer, not a hang)."""
-
-    def __init__(self, request, result: list, keep: torch.Tensor, what: str,
-                 into: torch.Tensor | None = None):
-        super().__init__(result, name=what)
-        self._request, self._keep, self._into = request, keep, into
-        self._lock = threading.Lock()
-
-    def _complete(self) -> None:
-        with self._lock:
-            if self._done.is_set():
-                return
-            timeout_s = env.timeout_s()
-            poll(self._request.Test, timeout_s,
-                 lambda: f"psrt backend: {self.name} not matched after {timeout_s:g} s (PSRT_TIMEOUT)")
-            if self._into is not None:
-                _store(self._keep.to(self._into.device), self._into)
-            self._finish()
-
-    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
-        try:
-            self._complete()
-        except BaseException as err:  # noqa: BLE001
-            self._finish(err)
-        return super().wait(timeout)
-
-    def is_completed(self) -> bool:
-        if not self._done.is_set() and self._request.Test():
-            self._complete()
-        return self._done.is_set()

@@ -5,12 +5,14 @@ ranks to start collectives on a communicator in the same order, MPI 4.1 sec. 6.1
 there as a blocking psrt call; the caller gets a `Work` at once, so DDP's bucket all-reduces
 overlap the rest of backward.  Point-to-point calls start non-blocking MPI requests right away
 on a communicator of their own, so a paired `batch_isend_irecv` cannot deadlock and user
-messages never match the messages of psrt's algorithms.
+messages never match the messages of psrt's algorithms; a progress thread completes them
+(psrt/c10d/p2p.py).
 
 Tensors of a dtype psrt's transport does not reduce (int16, complex, float8, ...) travel as
 bytes for data movement; complex sums reduce as pairs of reals.  CUDA tensors are ordered
-against the stream that was current at call time: an event recorded there is awaited by the
-worker before MPI touches the memory.
+against the stream that was current at call time: for a collective an event recorded there
+is awaited by the worker before MPI touches the memory; a send or receive, which MPI starts
+at once, synchronises that stream first.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from psrt import env
-from psrt.c10d.p2p import P2PWork, store as _store
+from psrt.c10d.p2p import P2PWork, Progress, caller_stream, copy_back, store as _store
 from psrt.c10d.work import Work
 from psrt.collectives.communicator import Communicator
 from psrt.collectives.executor import Executor
@@ -108,6 +110,7 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         self.algorithm = options.algorithm or env.algorithm()
         self.group = Communicator(comm, algorithm=self.algorithm, check=options.check)
         self._p2p = comm.Dup()      # user messages never match psrt's algorithms' messages
+        self._progress = Progress()  # completes sends and receives (and their futures)
         self._worker = Executor(name="psrt-c10d")
         self._timeout = timeout
         self._closed = False
@@ -145,10 +148,13 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         return [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
 
     # ------------------------------------------------------------ running a call
-    def _submit(self, name: str, tensors: list, fn) -> Work:
-        """Queue fn (which does the whole call) and return its Work."""
+    def _check_open(self, name: str) -> None:
         if self._closed:
             raise PsrtError(f"psrt backend: {name} on a group that was shut down")
+
+    def _submit(self, name: str, tensors: list, fn) -> Work:
+        """Queue fn (which does the whole call) and return its Work."""
+        self._check_open(name)
         work = Work(tensors, self._timeout, name)
         device = next((t.device for t in tensors if t.is_cuda), None)
         event = None
@@ -385,23 +391,29 @@ class ProcessGroupPsrt(dist.ProcessGroup):
 
     # ------------------------------------------------------------ point to point
     def send(self, tensors, dst: int, tag: int):
+        self._check_open("send")
         t = tensors[0]
         buf = _flat(t).contiguous()
         if buf.is_cuda and not self.group._staging.direct_cuda:
-            buf = buf.cpu()
+            buf = buf.cpu()           # waits for the caller's stream itself
+        caller_stream(buf, touched=True)
         request = self._p2p.Isend(msg(buf), dst, tag)
-        return P2PWork(request, [t], keep=buf, what=f"send to rank {dst} (tag {tag})")
+        return self._progress.add(P2PWork(request, [t], keep=buf, what=f"send to rank {dst} (tag {tag})",
+                                          timeout_s=env.timeout_s()))
 
     def recv(self, tensors, src: int, tag: int):
         from mpi4py import MPI
+        self._check_open("recv")
         t = tensors[0]
         flat = _flat(t)
         buf = flat if flat.is_contiguous() and flat.data_ptr() == t.data_ptr() else torch.empty_like(flat)
         if buf.is_cuda and not self.group._staging.direct_cuda:
             buf = torch.empty(buf.shape, dtype=buf.dtype)
+        stream = caller_stream(t, touched=buf.is_cuda)
         request = self._p2p.Irecv(msg(buf), MPI.ANY_SOURCE if src < 0 else src, tag)
-        return P2PWork(request, [t], keep=buf, into=t,
-                        what=f"recv from {'any rank' if src < 0 else f'rank {src}'} (tag {tag})")
+        what = f"recv from {'any rank' if src < 0 else f'rank {src}'} (tag {tag})"
+        return self._progress.add(P2PWork(request, [t], keep=buf, what=what, timeout_s=env.timeout_s(),
+                                          landed=copy_back(buf, t, stream)))
 
     def recv_anysource(self, tensors, tag: int):
         return self.recv(tensors, -1, tag)
@@ -413,6 +425,7 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         self._closed = True
         atexit.unregister(self.shutdown)
         self._worker.close()
+        self._progress.close()
         self.group.close()
         self._p2p.Free()
         if self._on_shutdown is not None:

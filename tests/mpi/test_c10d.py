@@ -210,7 +210,8 @@ def test_bench_c10d(tmp_path):
     payload = json.loads(out.read_text())
     ways = {r["way"] for r in payload["rows"]}
     assert ways == {"ddp/psrt-ring", "ddp/psrt-auto", "ddp/psrt-ps", "ddp/gloo", "psrt --dp ring",
-                    "fsdp2/psrt", "fsdp2/gloo", "all-reduce/psrt-auto", "all-reduce/gloo"}
+                    "fsdp2/psrt-ring", "fsdp2/psrt-auto", "fsdp2/psrt-ps", "fsdp2/gloo",
+                    "all-reduce/psrt-auto", "all-reduce/gloo"}
     assert all(r["step_s"] > 0 and r["vs_gloo"] > 0 for r in payload["rows"])
     assert len(payload["goals"]) == 3 and proc.stdout.count("goal ") == 3
     assert "x same on gloo" in proc.stdout

@@ -71,7 +71,10 @@ def mpi_datatype(dtype: torch.dtype):
 
 
 # ---------------------------------------------------------------- local reductions
-OPS = ("sum", "avg", "max", "min", "prod")
+# The bitwise ops of MPI (MPI 4.1 sec. 6.9.2: MPI_BAND, MPI_BOR, MPI_BXOR), for integer and
+# bool tensors; torch.distributed's ReduceOp.BAND/BOR/BXOR map onto them.
+BITWISE = {"band": torch.bitwise_and, "bor": torch.bitwise_or, "bxor": torch.bitwise_xor}
+OPS = ("sum", "avg", "max", "min", "prod") + tuple(BITWISE)
 
 
 def check_op(op: str, dtype: torch.dtype) -> None:
@@ -79,21 +82,13 @@ def check_op(op: str, dtype: torch.dtype) -> None:
         raise PsrtError(f"unknown reduction op {op!r}; choose one of {', '.join(OPS)}")
     if op == "avg" and not dtype.is_floating_point:
         raise PsrtError(f"op 'avg' needs a floating-point tensor, got {dtype}: use 'sum' and divide")
+    if op in BITWISE and (dtype.is_floating_point or dtype.is_complex):
+        raise PsrtError(f"op {op!r} needs an integer or bool tensor, got {dtype}")
 
 
 def reduce_(acc: torch.Tensor, other: torch.Tensor, op: str) -> torch.Tensor:
     """acc <- acc (op) other, in acc's dtype, in place.  'avg' reduces as 'sum'."""
-    if op in ("sum", "avg"):
-        if acc.dtype == torch.bool:
-            return torch.logical_or(acc, other, out=acc)
-        return acc.add_(other)
-    if op == "max":
-        return torch.maximum(acc, other, out=acc)
-    if op == "min":
-        return torch.minimum(acc, other, out=acc)
-    if acc.dtype == torch.bool:
-        return torch.logical_and(acc, other, out=acc)
-    return acc.mul_(other)
+    return reduce_into(acc, acc, other, op)
 
 
 def reduce_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, op: str) -> torch.Tensor:
@@ -104,6 +99,8 @@ def reduce_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, op: str) ->
         return torch.maximum(a, b, out=out)
     if op == "min":
         return torch.minimum(a, b, out=out)
+    if op in BITWISE:
+        return BITWISE[op](a, b, out=out)
     return torch.logical_and(a, b, out=out) if out.dtype == torch.bool else torch.mul(a, b, out=out)
 
 
@@ -115,7 +112,8 @@ def mpi_op(op: str, dtype: torch.dtype):
     over 16-bit words whose body is `reduce_` on torch views of the two buffers.
     """
     MPI = _mpi()
-    builtin = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
+    builtin = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD,
+               "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR}
     datatype = mpi_datatype(dtype)
     if datatype is not None and dtype != torch.bool:
         return builtin[op], datatype

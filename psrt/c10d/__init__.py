@@ -86,23 +86,32 @@ def _create(common, options) -> ProcessGroupPsrt:
     """torch's factory for a group on this backend (`extended_api=True`)."""
     this = job()
     world = this.world
-    ranks = list(common.global_ranks_in_group) or list(range(common.group_size))
-    default = len(ranks) == world.size
-    if default:
+    # Checked before any communicator is made: every member raises alike.
+    if isinstance(options, dict):
+        options = make_options(Options, options, "psrt backend pg_options")
+    elif options is not None and not isinstance(options, Options):
+        # Dropping it would run the group on the default algorithm without a word.
+        raise PsrtError(f"psrt backend: pg_options must be psrt.c10d.Options or a dict of its fields "
+                        f"(algorithm, check), got {type(options).__name__}")
+    ranks = list(common.global_ranks_in_group)
+    if not ranks:
+        # The default group (torch passes no ranks for it): torch's ranks must be MPI's.
         if (common.group_rank, common.group_size) != (world.rank, world.size):
             raise PsrtError(f"psrt backend: torch.distributed says rank {common.group_rank} of "
                             f"{common.group_size}, MPI says rank {world.rank} of {world.size}: "
                             "leave rank and world_size to MPI")
         comm = world.comm.Dup()
     else:
-        comm = world.comm.Create_group(world.comm.Get_group().Incl(ranks))
+        # Any other group, all ranks or some, in torch's rank order (new_group(...,
+        # sort_ranks=False) and DeviceMesh may order them differently from the world).
+        every = world.comm.Get_group()
+        members = every.Incl(ranks)
+        comm = world.comm.Create_group(members)
+        members.Free()
+        every.Free()
         if comm.Get_rank() != common.group_rank:
             raise PsrtError(f"psrt backend: group {common.group_id}: MPI rank {comm.Get_rank()} "
                             f"differs from torch's group rank {common.group_rank}")
-    if isinstance(options, dict):
-        options = make_options(Options, options, "psrt backend pg_options")
-    elif options is not None and not isinstance(options, Options):
-        options = None     # torch passes its own empty options object when none were given
     pg = ProcessGroupPsrt(comm, options, timeout=common.timeout,
                           on_shutdown=this.stop if this.watchdog is None else None)
     this.watch(pg.group)

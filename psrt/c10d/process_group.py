@@ -5,35 +5,36 @@ ranks to start collectives on a communicator in the same order, MPI 4.1 sec. 6.1
 there as a blocking psrt call; the caller gets a `Work` at once, so DDP's bucket all-reduces
 overlap the rest of backward.  Point-to-point calls start non-blocking MPI requests right away
 on a communicator of their own, so a paired `batch_isend_irecv` cannot deadlock and user
-messages never match the messages of psrt's algorithms.
+messages never match the messages of psrt's algorithms; a progress thread completes them
+(psrt/c10d/p2p.py).
 
 Tensors of a dtype psrt's transport does not reduce (int16, complex, float8, ...) travel as
 bytes for data movement; complex sums reduce as pairs of reals.  CUDA tensors are ordered
-against the stream that was current at call time: an event recorded there is awaited by the
-worker before MPI touches the memory.
+against the stream that was current at call time: for a collective an event recorded there
+is awaited by the worker before MPI touches the memory; a send or receive, which MPI starts
+at once, synchronises that stream first.
 """
 from __future__ import annotations
 
 import atexit
 import datetime
-import threading
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from psrt import env
+from psrt.c10d.p2p import P2PWork, Progress, caller_stream, copy_back, store as _store
 from psrt.c10d.work import Work
 from psrt.collectives.communicator import Communicator
-from psrt.collectives.p2p import poll
 from psrt.collectives.executor import Executor
 from psrt.errors import PsrtError
 from psrt.transport import SUPPORTED_DTYPES, msg, np_view
 
 RedOpType = dist.ReduceOp.RedOpType
 _OPS = {RedOpType.SUM: "sum", RedOpType.AVG: "avg", RedOpType.PRODUCT: "prod",
-        RedOpType.MIN: "min", RedOpType.MAX: "max", RedOpType.PREMUL_SUM: "sum"}
-_BITWISE = {RedOpType.BAND: "BAND", RedOpType.BOR: "BOR", RedOpType.BXOR: "BXOR"}
+        RedOpType.MIN: "min", RedOpType.MAX: "max", RedOpType.PREMUL_SUM: "sum",
+        RedOpType.BAND: "band", RedOpType.BOR: "bor", RedOpType.BXOR: "bxor"}
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,6 @@ class Options:
 def reduce_op(op) -> tuple[str, object]:
     """(psrt op name, pre-multiplication factor or None) for a torch ReduceOp."""
     kind = op.op if isinstance(op, dist.ReduceOp) else op
-    if kind in _BITWISE:
-        return _BITWISE[kind], None
     if kind not in _OPS:
         raise PsrtError(f"psrt backend: reduce op {kind} is not supported")
     return _OPS[kind], (op.factor if kind == RedOpType.PREMUL_SUM else None)
@@ -74,14 +73,6 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 def _numel(t: torch.Tensor) -> int:
     """Elements of `_flat(t)`."""
     return t.numel() if t.dtype in SUPPORTED_DTYPES else t.numel() * t.element_size()
-
-
-def _store(flat: torch.Tensor, into: torch.Tensor) -> None:
-    """Copy a result produced by `_flat`-style tensors back into the user's tensor."""
-    if flat.dtype != into.dtype:
-        flat = flat.view(into.dtype)
-    if flat.data_ptr() != into.data_ptr() or not into.is_contiguous():
-        into.copy_(flat.view(into.shape))
 
 
 def _split_into(flat: torch.Tensor, outs: list[torch.Tensor]) -> None:
@@ -119,6 +110,7 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         self.algorithm = options.algorithm or env.algorithm()
         self.group = Communicator(comm, algorithm=self.algorithm, check=options.check)
         self._p2p = comm.Dup()      # user messages never match psrt's algorithms' messages
+        self._progress = Progress()  # completes sends and receives (and their futures)
         self._worker = Executor(name="psrt-c10d")
         self._timeout = timeout
         self._closed = False
@@ -156,10 +148,13 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         return [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
 
     # ------------------------------------------------------------ running a call
-    def _submit(self, name: str, tensors: list, fn) -> Work:
-        """Queue fn (which does the whole call) and return its Work."""
+    def _check_open(self, name: str) -> None:
         if self._closed:
             raise PsrtError(f"psrt backend: {name} on a group that was shut down")
+
+    def _submit(self, name: str, tensors: list, fn) -> Work:
+        """Queue fn (which does the whole call) and return its Work."""
+        self._check_open(name)
         work = Work(tensors, self._timeout, name)
         device = next((t.device for t in tensors if t.is_cuda), None)
         event = None
@@ -188,9 +183,6 @@ class ProcessGroupPsrt(dist.ProcessGroup):
     # ------------------------------------------------------------ reductions
     def _allreduce_one(self, t: torch.Tensor, opts_op) -> None:
         op, factor = reduce_op(opts_op)
-        if op in ("BAND", "BOR", "BXOR"):
-            self._bitwise(t, op)
-            return
         work = t if t.is_contiguous() else t.contiguous()
         if factor is not None:
             work.mul_(factor)
@@ -198,15 +190,6 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         self.group.allreduce(buf, op, out=buf)
         if work.data_ptr() != t.data_ptr():
             t.copy_(work)
-
-    def _bitwise(self, t: torch.Tensor, op: str) -> None:
-        from mpi4py import MPI
-        if t.is_floating_point() or t.is_cuda:
-            raise PsrtError(f"psrt backend: {op} needs an integer or bool CPU tensor, got {t.dtype} on {t.device}")
-        buf = t.contiguous()
-        self.group.comm.Allreduce(MPI.IN_PLACE, np_view(buf), getattr(MPI, op))
-        if buf.data_ptr() != t.data_ptr():
-            t.copy_(buf)
 
     def allreduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceOptions()
@@ -408,23 +391,29 @@ class ProcessGroupPsrt(dist.ProcessGroup):
 
     # ------------------------------------------------------------ point to point
     def send(self, tensors, dst: int, tag: int):
+        self._check_open("send")
         t = tensors[0]
         buf = _flat(t).contiguous()
         if buf.is_cuda and not self.group._staging.direct_cuda:
-            buf = buf.cpu()
+            buf = buf.cpu()           # waits for the caller's stream itself
+        caller_stream(buf, touched=True)
         request = self._p2p.Isend(msg(buf), dst, tag)
-        return _P2PWork(request, [t], keep=buf, what=f"send to rank {dst} (tag {tag})")
+        return self._progress.add(P2PWork(request, [t], keep=buf, what=f"send to rank {dst} (tag {tag})",
+                                          timeout_s=env.timeout_s()))
 
     def recv(self, tensors, src: int, tag: int):
         from mpi4py import MPI
+        self._check_open("recv")
         t = tensors[0]
         flat = _flat(t)
         buf = flat if flat.is_contiguous() and flat.data_ptr() == t.data_ptr() else torch.empty_like(flat)
         if buf.is_cuda and not self.group._staging.direct_cuda:
             buf = torch.empty(buf.shape, dtype=buf.dtype)
+        stream = caller_stream(t, touched=buf.is_cuda)
         request = self._p2p.Irecv(msg(buf), MPI.ANY_SOURCE if src < 0 else src, tag)
-        return _P2PWork(request, [t], keep=buf, into=t,
-                        what=f"recv from {'any rank' if src < 0 else f'rank {src}'} (tag {tag})")
+        what = f"recv from {'any rank' if src < 0 else f'rank {src}'} (tag {tag})"
+        return self._progress.add(P2PWork(request, [t], keep=buf, what=what, timeout_s=env.timeout_s(),
+                                          landed=copy_back(buf, t, stream)))
 
     def recv_anysource(self, tensors, tag: int):
         return self.recv(tensors, -1, tag)
@@ -436,6 +425,7 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         self._closed = True
         atexit.unregister(self.shutdown)
         self._worker.close()
+        self._progress.close()
         self.group.close()
         self._p2p.Free()
         if self._on_shutdown is not None:
@@ -443,37 +433,3 @@ class ProcessGroupPsrt(dist.ProcessGroup):
 
     def abort(self) -> None:
         self.shutdown()
-
-
-class _P2PWork(Work):
-    """A send or receive in flight: an MPI request, completed by wait() (within PSRT_TIMEOUT,
-    so a message that never comes is an error naming the peer, not a hang)."""
-
-    def __init__(self, request, result: list, keep: torch.Tensor, what: str,
-                 into: torch.Tensor | None = None):
-        super().__init__(result, name=what)
-        self._request, self._keep, self._into = request, keep, into
-        self._lock = threading.Lock()
-
-    def _complete(self) -> None:
-        with self._lock:
-            if self._done.is_set():
-                return
-            timeout_s = env.timeout_s()
-            poll(self._request.Test, timeout_s,
-                 lambda: f"psrt backend: {self.name} not matched after {timeout_s:g} s (PSRT_TIMEOUT)")
-            if self._into is not None:
-                _store(self._keep.to(self._into.device), self._into)
-            self._finish()
-
-    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
-        try:
-            self._complete()
-        except BaseException as err:  # noqa: BLE001
-            self._finish(err)
-        return super().wait(timeout)
-
-    def is_completed(self) -> bool:
-        if not self._done.is_set() and self._request.Test():
-            self._complete()
-        return self._done.is_set()

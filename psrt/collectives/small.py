@@ -35,7 +35,8 @@ def takes(algo: str, nbytes: int) -> bool:
     parameter server up to one pipeline segment, so that it sends what ps.py sends."""
     from psrt.collectives.ps import PIPELINE_BYTES
     return nbytes <= (PIPELINE_BYTES if algo == "ps" else SMALL_BYTES)
-UFUNCS = {"sum": np.add, "avg": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
+UFUNCS = {"sum": np.add, "avg": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum,
+          "band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
 # dtypes whose NumPy arithmetic is torch's (16-bit floats and bool travel as raw words)
 DTYPES = frozenset({torch.float32, torch.float64, torch.int32, torch.int64, torch.uint8, torch.int8})
 
@@ -182,7 +183,8 @@ def native(comm, a: np.ndarray, tmp: np.ndarray, ufunc) -> None:
 @functools.lru_cache(maxsize=None)
 def _mpi_op(ufunc):
     from mpi4py import MPI
-    return {np.add: MPI.SUM, np.multiply: MPI.PROD, np.maximum: MPI.MAX, np.minimum: MPI.MIN}[ufunc]
+    return {np.add: MPI.SUM, np.multiply: MPI.PROD, np.maximum: MPI.MAX, np.minimum: MPI.MIN,
+            np.bitwise_and: MPI.BAND, np.bitwise_or: MPI.BOR, np.bitwise_xor: MPI.BXOR}[ufunc]
 
 
 # psrt's own schedules (the bench's floors); FAST adds the MPI library's call for the fast path

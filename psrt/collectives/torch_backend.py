@@ -12,7 +12,8 @@ import torch.distributed as dist
 
 from psrt.collectives.layout import offsets
 
-_OPS = {"sum": "SUM", "avg": "SUM", "max": "MAX", "min": "MIN", "prod": "PRODUCT"}
+_OPS = {"sum": "SUM", "avg": "SUM", "max": "MAX", "min": "MIN", "prod": "PRODUCT",
+        "band": "BAND", "bor": "BOR", "bxor": "BXOR"}
 
 
 def _op(op: str):

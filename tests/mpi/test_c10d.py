@@ -4,7 +4,9 @@ tests/mpi/ranks/c10d_consumers.py runs DDP (comm hook, find_unused_parameters, n
 (reshard after forward on and off), DCP save then load, DTensor tensor parallel on a 2-D
 (dp x tp) mesh at N = 4, pipelining (GPipe, 1F1B) and the object collectives, once on gloo
 and once on psrt, at N = 2, 3 and 4; every loss and final parameter must agree.  On psrt it also
-runs DDP once per psrt algorithm, each on its own group, against gloo's DDP.
+runs DDP once per psrt algorithm, each on its own group, against gloo's DDP, with a small
+model and (at N = 2 and 3) with one whose bucket takes each algorithm's full-size path, and
+checks from the group's own record that every all-reduce ran the algorithm asked for.
 
 Tolerance: both backends sum fp32 gradients of 2-4 ranks in different orders (a few ulps per
 step, three steps), so rtol 1e-5 / atol 1e-6 holds while a lost, doubled or unaveraged
@@ -62,8 +64,14 @@ def assert_same(got, want, path: str, atol: float = 1e-6):
         assert got == want, f"{path}: {got!r} != {want!r}"
 
 
-CONSUMERS = ("ddp", "ddp-hook", "ddp-unused", "ddp-no_sync", "fsdp-reshard", "fsdp-keep", "dcp",
-             "tp", "pipeline-gpipe", "pipeline-1f1b", "objects")
+CONSUMERS = ("ddp", "ddp-hook", "ddp-unused", "ddp-no_sync", "fsdp-reshard", "fsdp-keep",
+             "dcp", "tp", "pipeline-gpipe", "pipeline-1f1b", "objects")
+BIG = (2, 3)     # the sizes that also run DDP of BigNet, whose bucket is above the small-message path
+
+
+@pytest.mark.parametrize("n", BIG)
+def test_ddp_of_a_large_bucket_on_psrt_equals_gloo(consumers, n):
+    assert_same(consumers["psrt", n]["ddp-big"], consumers["gloo", n]["ddp-big"], f"ddp of BigNet N={n}")
 
 
 @pytest.mark.parametrize("n", SIZES)
@@ -77,27 +85,40 @@ def test_pytorch_code_on_psrt_equals_gloo(consumers, name, n):
 def test_training_moves_the_parameters(consumers, n):
     """Guards the comparison: had no step changed anything, equal results would prove little."""
     run = consumers["psrt", n]
-    for name in ("ddp", "fsdp-reshard", "tp"):
-        moved = max((run[name]["params"][k] - v).abs().max().item() for k, v in run["init"].items())
+    checked = [("ddp", "init"), ("fsdp-reshard", "init"), ("tp", "init")] + ([("ddp-big", "init-big")] if n in BIG else [])
+    for name, init in checked:
+        moved = max((run[name]["params"][k] - v).abs().max().item() for k, v in run[init].items())
         assert moved > 1e-2, f"{name}: parameters moved by {moved} only"
-    assert run["dcp"]["same"], "DCP load did not restore the saved FSDP2 parameters"
+    # The model loaded into differed from the saved one in every parameter and optimizer state
+    # before the load, and equals it after.
+    assert run["dcp"]["differed"] == ["params", "optim"], run["dcp"]["differed"]
+    assert run["dcp"]["same"], "DCP load did not restore the saved FSDP2 parameters and Adam state"
+    assert {k.rsplit(".", 1)[1] for k in run["dcp"]["optim"]} == {"step", "exp_avg", "exp_avg_sq"}
     assert run["objects"]["all_gather"] == [{"rank": r, "word": "x" * (r + 1)} for r in range(n)]
 
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_ddp_on_every_psrt_algorithm_equals_gloo(consumers, algorithm, n):
-    assert_same(consumers["psrt", n][f"ddp-{algorithm}"], consumers["gloo", n]["ddp"],
-                f"ddp on {algorithm} N={n}")
+    from psrt.collectives import small
+    run = consumers["psrt", n]
+    assert_same(run[f"ddp-{algorithm}"], consumers["gloo", n]["ddp"], f"ddp on {algorithm} N={n}")
+    ran = run["ran"][algorithm]
+    assert ran["algorithms"] == [algorithm], f"asked for {algorithm}, the group's all-reduces ran {ran}"
+    if n in BIG:
+        assert_same(run[f"ddp-big-{algorithm}"], consumers["gloo", n]["ddp-big"], f"ddp of BigNet on {algorithm} N={n}")
+        assert not small.takes(algorithm, ran["max_bytes"]), f"no bucket took {algorithm}'s full-size path: {ran}"
 
 
-@pytest.mark.parametrize("n", (3, 5))
-def test_every_call_and_error(run_ranks, n):
+@pytest.mark.parametrize("n,algorithm", ((3, "halving-doubling"), (5, None)))
+def test_every_call_and_error(run_ranks, n, algorithm):
     """Each collective against its definition (all ReduceOps, dtypes, uneven all-to-all, p2p,
-    odd subgroups; odd N, where folds and uneven splits show, and N = 1 below), then a
-    mismatched call, and a failing all-reduce seen by DDP's backward,
-    the future and Work.wait (tests/mpi/ranks/c10d_ops.py)."""
-    run = run_ranks(n, "c10d_ops.py", timeout=200).check()
+    p2p futures, odd subgroups, a reversed group; odd N, where folds and uneven splits show,
+    and N = 1 below), each group running the algorithm PSRT_ALGORITHM or its pg_options ask
+    for, then a mismatched call, and a failing all-reduce seen by DDP's backward, the future
+    and Work.wait (tests/mpi/ranks/c10d_ops.py)."""
+    env = {"PSRT_ALGORITHM": algorithm} if algorithm else {}
+    run = run_ranks(n, "c10d_ops.py", timeout=200, env=env).check()
     assert run.stdout.count("c10d ops ok") == n
 
 
@@ -112,14 +133,25 @@ def test_one_plain_process():
     assert "rank 0: c10d ops ok" in proc.stdout
 
 
-def test_a_rank_that_stops_calling_is_named(run_ranks):
-    """The watchdog covers the backend's calls: rank 1 never reaches an all_reduce."""
+@pytest.mark.parametrize("after", ("stays", "raises"))
+def test_a_failure_on_one_rank_is_named(run_ranks, after):
+    """Rank 1's all-reduces fail there alone: its Work.wait(), future and DDP backward raise,
+    and the ranks waiting for it get an error naming it within the timeout instead of a hang:
+    from the watchdog when rank 1 catches the error and goes on with its own code (stays), from
+    rank 1 itself when the error is not caught (raises)."""
     t0 = time.monotonic()
-    run = run_ranks(3, "c10d_stall.py", "1", timeout=90, env={"PSRT_TIMEOUT": "2"})
-    assert run.returncode != 0 and "finished" not in run.stdout
+    run = run_ranks(3, "c10d_stall.py", "1", after, timeout=90, env={"PSRT_TIMEOUT": "2"})
+    assert run.returncode != 0 and "finished" not in run.stdout, run.stdout[-2000:]
+    [record] = run.records()
+    seen = ("wait", "future") + (("backward",) if after == "stays" else ())
+    assert record["rank"] == 1 and set(record["errors"]) == set(seen), record
+    assert all("injected failure on rank 1" in record["errors"][k] for k in seen), record
     err = run.stderr
-    assert "psrt: watchdog: no progress for 2 s" in err, err[-3000:]
-    assert "rank 1 (" in err and "has not reached call" in err, err[-3000:]
+    if after == "stays":
+        assert "psrt: watchdog: no progress for 2 s" in err, err[-3000:]
+        assert "rank 1 (" in err and "has not reached call" in err, err[-3000:]
+    else:
+        assert "[rank 1] psrt: error:" in err and "injected failure on rank 1" in err, err[-3000:]
     assert time.monotonic() - t0 < 60
 
 
@@ -178,7 +210,8 @@ def test_bench_c10d(tmp_path):
     payload = json.loads(out.read_text())
     ways = {r["way"] for r in payload["rows"]}
     assert ways == {"ddp/psrt-ring", "ddp/psrt-auto", "ddp/psrt-ps", "ddp/gloo", "psrt --dp ring",
-                    "fsdp2/psrt", "fsdp2/gloo", "all-reduce/psrt-auto", "all-reduce/gloo"}
+                    "fsdp2/psrt-ring", "fsdp2/psrt-auto", "fsdp2/psrt-ps", "fsdp2/gloo",
+                    "all-reduce/psrt-auto", "all-reduce/gloo"}
     assert all(r["step_s"] > 0 and r["vs_gloo"] > 0 for r in payload["rows"])
     assert len(payload["goals"]) == 3 and proc.stdout.count("goal ") == 3
     assert "x same on gloo" in proc.stdout

@@ -118,32 +118,44 @@ USER = "tests.mpi.ranks.user_model"
 OWN = ["--model", f"{USER}:build_model", "--data", f"{USER}:build_dataset"]
 
 
+# The same global batch each step, so the same losses and parameters (ps-async too: its
+# default staleness bound is 0, each update waits for every worker's gradients).
+STRATEGIES = ("ps", "ring", "zero3", "ps-sharded", "ps-async")
+
+
 @pytest.mark.mpi
-def test_own_model_and_data_train_with_two_strategies(tmp_path):
-    """A model and data set from a test module, named by import path: ps with a dedicated
-    server (2 workers) and ring (3) on 3 ranks print the summary, write metrics, a checkpoint
-    and the model, and train alike (the same global batch: the same losses)."""
-    run = ranks(3, *OWN, "--dp", "ps,ring", "--servers", "1", "--steps", "4", "--quiet",
+def test_own_model_and_data_train_with_every_kind_of_strategy(tmp_path):
+    """A model and data set from a test module, named by import path, on 3 ranks: ps and
+    ps-sharded with a dedicated server (2 workers), ring and zero3 (3; zero3 cuts the model
+    into units by its wrap policy), ps-async (2 workers and its server).  Each prints its
+    summary row, writes metrics, a checkpoint and the model, and all train alike."""
+    run = ranks(3, *OWN, "--dp", ",".join(STRATEGIES), "--servers", "1", "--steps", "4", "--quiet",
                 "--metrics", str(tmp_path / "m.jsonl"), "--checkpoint", str(tmp_path / "ck.pt"),
                 "--save", str(tmp_path / "final.pt")).check()
     assert f"{USER}:build_model on {USER}:build_dataset: global batch 66, 3 ranks" in run.stdout
     table, _, model = run.stdout.partition("alpha-beta model (ping-pong rank 0")
     table = table.partition("memory per rank")[0]
-    rows = {line.split()[0]: line.split() for line in table.splitlines() if line.split()[:1] in (["ps"], ["ring"])}
-    assert rows["ps"][1:3] == ["2", "4"] and rows["ring"][1:3] == ["3", "4"], run.stdout
-    # Two strategies compared: the alpha-beta prediction, regime and crossover follow the table.
+    names = STRATEGIES
+    rows = {line.split()[0]: line.split() for line in table.splitlines() if line.split()[:1] and line.split()[0] in names}
+    workers = {"ps": "2", "ring": "3", "zero3": "3", "ps-sharded": "2", "ps-async": "2"}
+    assert {dp: row[1:3] for dp, row in rows.items()} == {dp: [w, "4"] for dp, w in workers.items()}, run.stdout
+    # More than one strategy compared: the alpha-beta prediction, regime and crossover follow the table.
     assert "crossover: ring communicates faster than ps above" in model, run.stdout
-    predicted = {line.split()[0]: line for line in model.splitlines() if line.split()[:1] in (["ps"], ["ring"])}
-    assert set(predicted) == {"ps", "ring"} and all("-bound" in line for line in predicted.values()), model
-    summary = {dp: json.loads((tmp_path / f"m.{dp}.jsonl").read_text().splitlines()[-1]) for dp in ("ps", "ring")}
+    predicted = {line.split()[0]: line for line in model.splitlines() if line.split()[:1] and line.split()[0] in names}
+    assert {"ps", "ring"} <= set(predicted) and all("-bound" in line for line in predicted.values()), model
+    summary = {dp: json.loads((tmp_path / f"m.{dp}.jsonl").read_text().splitlines()[-1]) for dp in names}
     assert all(s["summary"] and s["pred_comm_s"] > 0 and s["regime"].endswith("-bound") for s in summary.values())
     assert summary["ring"]["crossover_vs"] == "ps"
-    assert summary["ps"]["train_loss"] == pytest.approx(summary["ring"]["train_loss"], rel=1e-5)
-    assert summary["ps"]["test_loss"] == pytest.approx(summary["ring"]["test_loss"], rel=1e-5)
+    final = {dp: torch.load(tmp_path / f"final.{dp}.pt", weights_only=True) for dp in names}
+    keys = {"embed.weight", "embed.bias", "mix.weight", "mix.bias", "head.weight", "head.bias", "scale"}
+    assert all(set(f) == keys for f in final.values()), {dp: sorted(f) for dp, f in final.items()}
+    for dp in STRATEGIES[1:]:
+        assert summary[dp]["train_loss"] == pytest.approx(summary["ps"]["train_loss"], rel=1e-5), dp
+        assert summary[dp]["test_loss"] == pytest.approx(summary["ps"]["test_loss"], rel=1e-5), dp
+        for k in keys:
+            assert torch.allclose(final[dp][k], final["ps"][k], rtol=1e-5, atol=1e-6), (dp, k)
     assert 0 <= summary["ring"]["test_acc"] <= 1
-    final = torch.load(tmp_path / "final.ring.pt", weights_only=True)
-    assert set(final) == {"embed.weight", "embed.bias", "mix.weight", "mix.bias", "head.weight", "head.bias", "scale"}
-    assert summary["ring"]["grad_bytes"] == sum(t.numel() * 4 for k, t in final.items() if k != "scale")  # a buffer
+    assert summary["ring"]["grad_bytes"] == sum(t.numel() * 4 for k, t in final["ring"].items() if k != "scale")  # a buffer
     ckpt = torch.load(tmp_path / "ck.ps.pt", weights_only=True)
     assert ckpt["step"] == 4 and ckpt["config"]["model"] == f"{USER}:build_model"
 

@@ -37,6 +37,25 @@ def test_reduce_matches_numpy(dtype, op, fn):
     assert np.array_equal(acc.double().numpy(), fn(a, b))
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8, torch.int8, torch.bool])
+@pytest.mark.parametrize("op,fn", [("band", np.bitwise_and), ("bor", np.bitwise_or), ("bxor", np.bitwise_xor)])
+def test_bitwise_reduce_matches_numpy(dtype, op, fn):
+    a = np.array([0b1100, 0b1010, 7, 0, 1, 6])
+    b = np.array([0b1010, 0b0110, 7, 5, 0, 3])
+    if dtype == torch.bool:
+        a, b = a % 2, b % 2
+    acc = torch.tensor(a).to(dtype)
+    transport.reduce_(acc, torch.tensor(b).to(dtype), op)
+    assert acc.dtype == dtype
+    assert np.array_equal(acc.to(torch.int64).numpy(), fn(a, b))
+    transport.check_op(op, dtype)
+
+
+def test_bitwise_ops_need_integers():
+    with pytest.raises(PsrtError, match="op 'bxor' needs an integer or bool tensor, got torch.float32"):
+        transport.check_op("bxor", torch.float32)
+
+
 def test_bfloat16_sum_stays_bfloat16_on_the_wire():
     # 16-bit floats travel as 16-bit words: the MPI buffer is 2 bytes per element
     t = torch.ones(5, dtype=torch.bfloat16)

@@ -1,8 +1,10 @@
 """PyTorch's own distributed code, unmodified, on one backend: DDP (comm hook,
 find_unused_parameters, no_sync), FSDP2 (reshard after forward on and off), DTensor tensor
 parallel on a 2-D mesh, pipelining (GPipe and 1F1B), DCP save and load, object collectives;
-on psrt also DDP once per psrt algorithm.  Rank 0 saves every loss and final parameter, so a
-test can require psrt's file to equal gloo's.
+DDP of a model whose bucket is larger than psrt's small-message path; on psrt also both DDPs
+once per psrt algorithm, each on its own group, recording which algorithm and how many
+bytes each of the group's all-reduces ran with.  Rank 0 saves every loss and final
+parameter, so a test can require psrt's file to equal gloo's.
 
 usage: mpirun -np N python c10d_consumers.py {psrt|gloo} OUT [CKPT_DIR]
 """
@@ -34,14 +36,27 @@ def data(step: int, rows: int = BATCH):
 
 
 class Net(nn.Module):
-    def __init__(self, unused: bool = False):
+    def __init__(self, unused: bool = False, seed: int = 0):
         super().__init__()
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         self.a, self.b = nn.Linear(DIM, DIM), nn.Linear(DIM, 1)
         self.unused = nn.Linear(3, 3) if unused else None
 
     def forward(self, x):
         return self.b(torch.tanh(self.a(x)))
+
+
+# A middle layer of 1100 x 1024 fp32 weights (4.3 MiB): DDP puts it, with the layers after
+# it, in one bucket larger than psrt's small-message path (psrt.collectives.small.SMALL_BYTES,
+# 4 MiB; 1 MiB for ps), so each algorithm's full-size code runs under DDP.
+class BigNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.mid, self.b = nn.Linear(DIM, 1024), nn.Linear(1024, 1100), nn.Linear(1100, 1)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.mid(torch.tanh(self.a(x)))))
 
 
 def params(model) -> dict:
@@ -52,9 +67,9 @@ def params(model) -> dict:
     return out
 
 
-def ddp(tag: str, group=None, hook=None, unused=False, accum=1):
+def ddp(tag: str, group=None, hook=None, unused=False, accum=1, net=Net):
     from torch.nn.parallel import DistributedDataParallel as DDP
-    model = DDP(Net(unused), process_group=group, find_unused_parameters=unused)
+    model = DDP(net(unused=True) if unused else net(), process_group=group, find_unused_parameters=unused)
     if hook is not None:
         model.register_comm_hook(group, hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -74,12 +89,17 @@ def ddp(tag: str, group=None, hook=None, unused=False, accum=1):
     results[tag] = {"losses": torch.stack(losses), "params": params(model.module)}
 
 
-def fsdp(tag: str, reshard: bool):
+def sharded(reshard: bool, seed: int = 0):
+    """Net under FSDP2 (`fully_shard` on a layer and on the root) and its Adam."""
     from torch.distributed.fsdp import fully_shard
-    model = Net()
+    model = Net(seed=seed)
     fully_shard(model.a, reshard_after_forward=reshard)
     fully_shard(model, reshard_after_forward=reshard)
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    return model, torch.optim.Adam(model.parameters(), lr=0.01)
+
+
+def fsdp(tag: str, reshard: bool):
+    model, opt = sharded(reshard)
     losses = []
     for step in range(STEPS):
         x, y = data(step)
@@ -151,19 +171,37 @@ def pipeline(schedule_name: str):
     results[f"pipeline-{schedule_name}"] = {"losses": last[0], "params": {k: v for d in every for k, v in d.items()}}
 
 
+def optimizer_state(model, opt) -> dict:
+    """Every parameter's optimizer state (Adam's step, exp_avg, exp_avg_sq), unsharded."""
+    out = {}
+    for name, p in model.named_parameters():
+        for k, v in opt.state[p].items():
+            v = v.full_tensor() if hasattr(v, "full_tensor") else v
+            out[f"{name}.{k}"] = v.detach().clone()
+    return out
+
+
 def checkpoint(model, opt):
+    """DCP save of FSDP2's sharded model and optimizer, then load into a model and optimizer
+    that differ from them in every parameter and every optimizer state."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     msd, osd = get_state_dict(model, opt)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=ckpt_dir)
-    fresh, fresh_opt = fsdp("fsdp-fresh", True)
-    fmsd, fosd = get_state_dict(fresh, fresh_opt)
-    state = {"model": fmsd, "optim": fosd}
+    saved = {"params": params(model), "optim": optimizer_state(model, opt)}
+    fresh, fresh_opt = sharded(True, seed=1)
+    state = dict(zip(("model", "optim"), get_state_dict(fresh, fresh_opt)))   # Adam's state made: step 0
+    before = {"params": params(fresh), "optim": optimizer_state(fresh, fresh_opt)}
     dcp.load(state, checkpoint_id=ckpt_dir)
     set_state_dict(fresh, fresh_opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    results["dcp"] = {"params": params(fresh), "same": all(
-        torch.equal(a, b) for a, b in zip(params(fresh).values(), params(model).values()))}
-    del results["fsdp-fresh"]
+    after = {"params": params(fresh), "optim": optimizer_state(fresh, fresh_opt)}
+
+    def equal(a, b):
+        return all(a[part].keys() == b[part].keys() and all(torch.equal(a[part][k], b[part][k]) for k in b[part])
+                   for part in ("params", "optim"))
+    results["dcp"] = dict(after, same=equal(after, saved),
+                          differed=[part for part in ("params", "optim")
+                                    if all(not torch.equal(before[part][k], saved[part][k]) for k in saved[part])])
 
 
 def objects():
@@ -196,11 +234,23 @@ if n > 1:
     pipeline("gpipe")
     pipeline("1f1b")
 objects()
+big = n <= 3          # N = 2 and 3 (no fold, a fold) suffice; N = 4 oversubscribes most
+if big:
+    results["init-big"] = params(BigNet())
+    ddp("ddp-big", net=BigNet)
 if backend == "psrt":
     from psrt.c10d import Options
+    from psrt.trace import Tracer
+    results["ran"] = {}
     for algorithm in ("ring", "ps", "halving-doubling", "tree", "doubling", "native"):
         group = dist.new_group(list(range(n)), pg_options=Options(algorithm=algorithm))
+        group.group.tracer = Tracer()      # what the group's Communicator ran, per call
         ddp(f"ddp-{algorithm}", group=group)
+        if big:
+            ddp(f"ddp-big-{algorithm}", group=group, net=BigNet)
+        calls = [args for name, _, _, _, _, args in group.group.tracer.events if name == "allreduce"]
+        results["ran"][algorithm] = {"algorithms": sorted({a["algorithm"] for a in calls}),
+                                     "max_bytes": max(a["bytes"] for a in calls), "calls": len(calls)}
 if rank == 0:
     torch.save(results, out)
 dist.destroy_process_group()

@@ -1,5 +1,6 @@
 """Rank-side: the psrt torch.distributed backend on CUDA tensors equals the same on CPU tensors,
-and a collective called on a side stream sees what that stream wrote before the call."""
+and a collective, a send or a receive called on a side stream is ordered after what that
+stream queued before the call."""
 import json
 
 import torch
@@ -37,6 +38,44 @@ with torch.cuda.stream(side):
     dist.all_reduce(big)
 torch.cuda.synchronize()
 expect(bool((big == n * (n + 1) / 2).all()), "all_reduce after a side-stream write")
+# point to point: a send and a receive called on a side stream that is still writing the
+# tensor (send) or still reading it (receive) when the call is made
+peer_to, peer_from = (r + 1) % n, (r - 1) % n
+with torch.cuda.stream(side):
+    out = torch.empty(1 << 22, device="cuda")
+    into = torch.zeros(1 << 22, device="cuda")
+    torch.cuda._sleep(50_000_000)
+    out.fill_(float(r + 1))
+    before = into.sum()                     # a read of the receive buffer, queued before the receive
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, out, peer_to),
+                                    dist.P2POp(dist.irecv, into, peer_from)])
+    for w in works:
+        w.wait()
+    after = into.sum()
+torch.cuda.synchronize()
+expect(before.item() == 0.0, "a receive wrote the tensor before the stream's earlier read of it")
+expect(bool((into == peer_from + 1).all()) and after.item() == (peer_from + 1) * (1 << 22),
+       "batch_isend_irecv on a busy side stream")
+with torch.cuda.stream(side):               # blocking send/recv, non-contiguous, bfloat16
+    grid = torch.zeros(64, 64, device="cuda", dtype=torch.bfloat16)
+    torch.cuda._sleep(50_000_000)
+    grid.fill_(float(r + 1))
+    got = torch.zeros(64, 64, device="cuda", dtype=torch.bfloat16).t()
+    if r % 2 == 0:
+        dist.send(grid.t(), dst=peer_to)
+        dist.recv(got, src=peer_from)
+    else:
+        dist.recv(got, src=peer_from)
+        dist.send(grid.t(), dst=peer_to)
+torch.cuda.synchronize()
+expect(bool((got == peer_from + 1).all()), "send/recv of non-contiguous bfloat16 CUDA tensors")
+# a receive's future completes (and its value is in the tensor) without wait()
+fut_into = torch.zeros(8, device="cuda")
+works = [dist.irecv(fut_into, src=peer_from), dist.isend(torch.full((8,), float(r), device="cuda"), dst=peer_to)]
+value = works[0].get_future().wait()[0]
+torch.cuda.synchronize()
+expect(value.cpu().tolist() == [float(peer_from)] * 8, "a CUDA receive's future")
+works[1].wait()
 # DDP on CUDA against DDP on CPU, same seed and data
 for device in ("cpu", "cuda"):
     torch.manual_seed(0)

@@ -1,14 +1,23 @@
 """Every torch.distributed call on the psrt backend against its definition, then the errors:
 a mismatched call, a failing collective under DDP, the future and Work of a failed call.
+Each group runs the algorithm asked for (PSRT_ALGORITHM, else pg_options): what its
+Communicator recorded per call says so.
 
-usage: mpirun -np N python c10d_ops.py   (or python c10d_ops.py: one plain process)
+usage: [PSRT_ALGORITHM=A] mpirun -np N python c10d_ops.py   (or python c10d_ops.py: one plain process)
 """
+import functools
+import operator
+import os
+import time
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 import psrt.c10d
+from psrt.collectives import small
 from psrt.errors import CollectiveMismatch, PsrtError
+from psrt.trace import Tracer
 
 pg = psrt.c10d.init_process_group()
 r, n = dist.get_rank(), dist.get_world_size()
@@ -36,9 +45,18 @@ for dtype in (torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.i
 t = mine(4)
 dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))
 check(torch.allclose(t, torch.full((4,), tri * 0.5)), f"premul_sum {t}")
-t = torch.tensor([1 << r, 7])
-dist.all_reduce(t, op=R.BOR)
-check(t.tolist() == [(1 << n) - 1, 7], f"bor {t}")
+for op, fold in ((R.BAND, operator.and_), (R.BOR, operator.or_), (R.BXOR, operator.xor)):
+    def bits(j):
+        return [1 << j, j + 1, 3 * j + 5, 0b11111 ^ (1 << j)]
+    for dtype in (torch.int64, torch.int32, torch.uint8):
+        t = torch.tensor(bits(r), dtype=dtype)
+        dist.all_reduce(t, op=op)
+        want = [functools.reduce(fold, col) for col in zip(*(bits(j) for j in range(n)))]
+        check(t.tolist() == want, f"all_reduce {op} {dtype}: {t.tolist()} != {want}")
+    t = torch.tensor([r % 2 == 0, True, r == 0])
+    dist.all_reduce(t, op=op)
+    want = [functools.reduce(fold, col) for col in zip(*([j % 2 == 0, True, j == 0] for j in range(n)))]
+    check(t.tolist() == want, f"all_reduce {op} bool: {t.tolist()} != {want}")
 c = torch.ones(2, dtype=torch.complex64) * (1 + 2j) * (r + 1)
 dist.all_reduce(c)
 check(torch.allclose(c, torch.full((2,), tri * (1 + 2j))), f"complex {c}")
@@ -106,6 +124,18 @@ work = dist.all_reduce(mine(2), async_op=True)
 check(work.get_future().wait()[0].tolist() == [tri] * 2, "future value")
 check(work.wait() and work.is_completed(), "work")
 if n > 1:
+    # A send's and a receive's futures complete when the transfer does, with no wait() or
+    # is_completed() to drive them (callbacks chained on them run then).
+    got = torch.empty(3)
+    works = [dist.irecv(got, src=(r - 1) % n, tag=11), dist.isend(mine(3), dst=(r + 1) % n, tag=11)]
+    futures = [w.get_future() for w in works]
+    chained = futures[0].then(lambda f: f.value()[0].sum().item())
+    deadline = time.monotonic() + 60
+    while not all(f.done() for f in futures + [chained]) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    check(all(f.done() for f in futures + [chained]), "p2p futures did not complete without wait()")
+    check(got.tolist() == [float((r - 1) % n + 1)] * 3, f"irecv by its future {got}")
+    check(chained.value() == 3.0 * ((r - 1) % n + 1), f"callback on a receive's future: {chained.value()}")
     recv = torch.empty(2)
     ops = [dist.P2POp(dist.isend, mine(2), (r + 1) % n), dist.P2POp(dist.irecv, recv, (r - 1) % n)]
     for req in dist.batch_isend_irecv(ops):
@@ -126,6 +156,39 @@ dist.all_reduce(t, group=group)
 members = range(r % 2, n, 2)
 check(t.tolist() == [float(sum(j + 1 for j in members))] * 2, f"subgroup all_reduce {t}")
 check(dist.get_process_group_ranks(group) == list(members), "subgroup ranks")
+# every rank, in another order than the world's: not the default group
+backwards = dist.new_group(list(range(n - 1, -1, -1)), sort_ranks=False)
+check(dist.get_group_rank(backwards, r) == n - 1 - r, "group rank in a reversed group")
+outs = [torch.empty(1) for _ in range(n)]
+dist.all_gather(outs, torch.tensor([float(r)]), group=backwards)
+check([o.item() for o in outs] == [float(n - 1 - j) for j in range(n)], f"all_gather, reversed group: {outs}")
+t = torch.tensor([float(r)])
+dist.broadcast(t, group_src=0, group=backwards)
+check(t.item() == n - 1, f"broadcast from group rank 0 of a reversed group: {t}")
+
+# ---------------------------------------------------------------- the algorithm each group runs
+asked = os.environ.get("PSRT_ALGORITHM", "auto")
+by_dict = dist.new_group(list(range(n)), pg_options={"algorithm": "tree"})
+inherits = dist.new_group(list(range(n)))
+cases = [(dist.group.WORLD, asked), (inherits, asked), (by_dict, "tree"), (evens if r % 2 == 0 else None, "ps")]
+for g, want in cases:
+    if g is None:
+        continue
+    check(g.algorithm == want, f"group {dist.get_process_group_ranks(g)}: algorithm {g.algorithm}, asked {want}")
+    g.group.tracer = Tracer()        # what the group's Communicator ran, per call
+    for numel in (5, small.SMALL_BYTES // 4 + 1):       # the small-message path and the full one
+        t = mine(numel)
+        dist.all_reduce(t, group=g)
+        check(bool((t == float(sum(j + 1 for j in dist.get_process_group_ranks(g)))).all()), f"all_reduce on {want}")
+    used = {args["algorithm"] for name, _, _, _, _, args in g.group.tracer.events if name == "allreduce"}
+    g.group.tracer = Tracer(enabled=False)
+    check(used == {want} if want != "auto" else len(used) >= 1 and "auto" not in used,
+          f"asked for {want}, the Communicator ran {used}")
+try:
+    dist.new_group(list(range(n)), pg_options=object())
+    check(False, "a foreign pg_options object was taken")
+except PsrtError as err:
+    check("pg_options must be psrt.c10d.Options" in str(err), f"foreign pg_options: {err}")
 
 # ---------------------------------------------------------------- errors
 pg_psrt = dist.group.WORLD
@@ -135,6 +198,11 @@ try:
     check(n == 1, "a mismatched all_reduce did not raise")
 except CollectiveMismatch as err:
     check(f"ranks [{n - 1}]" in str(err), f"mismatch names the rank: {err}")
+try:
+    dist.all_reduce(torch.ones(3 + (r == n - 1), dtype=torch.int64), op=R.BXOR)
+    check(n == 1, "a mismatched bitwise all_reduce did not raise")
+except CollectiveMismatch as err:
+    check(f"ranks [{n - 1}]" in str(err), f"bitwise mismatch names the rank: {err}")
 t = torch.ones(2)
 dist.all_reduce(t)          # the group still works after a refused call
 check(t.tolist() == [float(n)] * 2, "all_reduce after a mismatch")

@@ -19,6 +19,10 @@ from psrt.collectives import ALGORITHMS
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
           torch.int64, torch.uint8]
 OPS = ["sum", "avg", "max", "min", "prod"]
+# bitwise ops (torch's ReduceOp.BAND/BOR/BXOR) on one integer dtype: their kernels are
+# dtype-generic, and tests/unit/test_transport.py covers every integer dtype
+BITWISE = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
+BITWISE_DTYPE = torch.int64
 
 
 def inputs(rank: int, n: int, numel: int, op: str, dtype, case: int) -> np.ndarray:
@@ -30,12 +34,16 @@ def inputs(rank: int, n: int, numel: int, op: str, dtype, case: int) -> np.ndarr
         if dtype != torch.uint8:
             choices.append(-1.0)
         return rng.choice(choices, size=numel)
+    if op in BITWISE:
+        return rng.integers(0, 16, size=numel).astype(np.float64)
     low = 0 if dtype == torch.uint8 else -3
     return rng.integers(low, 4, size=numel).astype(np.float64)
 
 
 def reference(all_inputs: list, op: str) -> np.ndarray:
     stack = np.stack(all_inputs)
+    if op in BITWISE:
+        return BITWISE[op].reduce(stack.astype(np.int64), axis=0).astype(np.float64)
     return {"sum": stack.sum(0), "avg": stack.mean(0), "max": stack.max(0), "min": stack.min(0),
             "prod": stack.prod(0)}[op]
 
@@ -76,7 +84,7 @@ def main() -> int:
 
     # ---------------------------------------------------------- allreduce, reduce, reduce_scatter
     for dtype in dtypes:
-        for op in OPS:
+        for op in OPS + (list(BITWISE) if dtype == BITWISE_DTYPE else []):
             if op == "avg" and not dtype.is_floating_point:
                 continue
             # ~1M elements: enough to cross every algorithm's segment and window sizes

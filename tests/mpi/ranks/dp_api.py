@@ -41,7 +41,9 @@ CONFIGS = [
     ("ring", {"bucket_mb": 0.0005}, ("loader", "steps")),
     ("native", {}, ("loader",)),
     ("torch", {}, ("loader",)),
-    ("zero", {}, ("loader",)),
+    ("zero1", {}, ("loader",)),
+    ("zero2", {}, ("loader",)),
+    ("zero3", {}, ("loader", "steps")),
     ("horovod", {}, ("loader",)),
 ]
 

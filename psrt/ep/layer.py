@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from psrt.ep.routing import balance_terms, route
+from psrt.ep.routing import balance_loss, balance_terms, route
 
 DISPATCH = ("variable", "padded")
 
@@ -144,9 +144,8 @@ class MoELayer(nn.Module):
                                                                                      dtype=torch.float64)])
             total = local if self.stats_group is None else self.stats_group.allreduce(local)
         f_counts, routed, dropped, tokens = total[:E], total[E:2 * E], total[2 * E:3 * E], total[-1]
-        f = (f_counts / tokens).to(probs.dtype)
-        # this rank's share of alpha E sum_i f_i P_i, with P_i = (sum over all ranks) / tokens
-        self.aux = self.aux_alpha * E * (f * psum).sum() / tokens.to(probs.dtype)
+        # this rank's share of alpha E sum_i f_i P_i: f of every rank's tokens, this rank's part of P
+        self.aux = balance_loss(f_counts, psum, tokens, self.aux_alpha)
         self.stats = {"routed": routed, "dropped": dropped, "tokens": int(tokens)}
 
     # ------------------------------------------------------------------ dispatch

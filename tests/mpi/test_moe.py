@@ -75,6 +75,8 @@ def test_train_moe_summary_and_metrics(tmp_path):
 @pytest.mark.parametrize("argv,words", [
     (["--model", "moe", "--experts", "6", "--ep", "4"], "--experts 6 does not split over --ep 4"),
     (["--model", "moe", "--experts", "3", "--ep", "3"], "--ep 3 must divide the data-parallel degree 2"),
+    (["--model", "moe", "--pp", "2", "--ep", "2"], "--ep 2 must divide the data-parallel degree 1: expert "
+     "parallelism is carved out of data parallelism (here 2 ranks / (--pp 2 x --tp 1))"),
     (["--model", "moe", "--top-k", "5"], "--top-k 5: must be between 1 and --experts 4"),
     (["--model", "moe", "--capacity-factor", "-1"], "--capacity-factor -1.0: must be a positive number"),
     (["--model", "moe", "--dp", "zero"], "--dp zero with --model moe: the dense gradients reduce with one of"),

@@ -208,6 +208,9 @@ class TrainConfig:
         if bad and self.pp * self.tp == 1:      # with --pp/--tp the hybrid run's --dp check applies
             raise PsrtError(f"--dp {','.join(bad)} with --model moe: the dense gradients reduce with one "
                             f"of {', '.join(MOE_DP)}", everywhere=True)
+        if self.algorithm == "torch":
+            raise PsrtError("--algorithm torch with --model moe: the gradients reduce over psrt's own groups "
+                            "(dp, edp); choose one of psrt's algorithms", everywhere=True)
         if self.resume or self.checkpoint:
             raise PsrtError("--checkpoint/--resume are not available with --model moe", everywhere=True)
 

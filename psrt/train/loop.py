@@ -70,22 +70,28 @@ def strategy_options(cfg: TrainConfig, dp: str) -> dict:
 def check_strategies(cfg: TrainConfig) -> None:
     """Before anything trains: every strategy can be loaded and takes its options, and a
     strategy flag the user set applies to at least one strategy of --dp (a --servers given
-    to --dp ring alone would otherwise change nothing and say nothing)."""
+    to --dp ring alone would otherwise change nothing and say nothing).  Hybrid (--pp/--tp)
+    and MoE runs reduce their gradients in flat buffers after backward, with --dp naming the
+    all-reduce: of the strategy flags only --algorithm applies to them."""
     hybrid = cfg.pp * cfg.tp != 1
-    accepted = {"algorithm"} if hybrid else set()
+    grid_run = hybrid or cfg.model == "moe"
+    accepted = {"algorithm"} if grid_run else set()
     for dp in cfg.dp_list:
-        if not hybrid and cfg.model != "moe":   # hybrid and MoE runs step on every rank: fp16 works with all
-            precision.check(cfg.precision, dp)
         if hybrid:
             check_hybrid(cfg, dp)
-        else:
+        elif not grid_run:          # hybrid and MoE runs step on every rank: fp16 works with all
+            precision.check(cfg.precision, dp)
             cls = strategy_class(dp)
             make_options(cls.Options, strategy_options(cfg, dp), f"--dp {dp}")   # values checked now
             accepted |= set(option_names(cls))
     for name in STRATEGY_FLAGS:
         if cfg.given(name) and name not in accepted:
-            raise PsrtError(f"{flag(name)} does not apply to --dp {cfg.dp}"
-                            f"{' with --pp/--tp' if hybrid else ''}: it is an option of "
+            if grid_run:
+                where = "--pp/--tp" if hybrid else "--model moe"
+                raise PsrtError(f"{flag(name)} does not apply to --dp {cfg.dp} with {where}: the gradients "
+                                "reduce in one flat all-reduce after backward, whose algorithm --algorithm "
+                                "picks", everywhere=True)
+            raise PsrtError(f"{flag(name)} does not apply to --dp {cfg.dp}: it is an option of "
                             f"{', '.join(takers(name)) or 'no strategy'}", everywhere=True)
 
 
@@ -411,7 +417,7 @@ def train_moe(cfg: TrainConfig, dp: str, world, ctl, dataset) -> dict | None:
     for layer in moe_layers(model):
         layer.shard(grid.ep_group, grid.dp_group, algorithm="pairwise")
     compute_dtype, scaler, make_opt = mixed_precision(cfg, world)
-    trainer = MoETrainer(model, make_opt, grid, algorithm=MOE_DP[dp], scaler=scaler)
+    trainer = MoETrainer(model, make_opt, grid, algorithm=cfg.algorithm or MOE_DP[dp], scaler=scaler)
     loss_fn = autocast_loss(lambda mb: loss_and_correct(model, mb, dataset.task)[0], compute_dtype, scaler)
 
     sampler = ShardedSampler(len(dataset), cfg.batch_size, grid.dp, grid.dp_rank, cfg.accum, cfg.seed)

@@ -58,9 +58,17 @@ def test_moe_mixed_precision_reaches_the_fp32_loss():
     assert abs(fp16 - fp32) < 0.02 * fp32 and abs(bf16 - fp32) < 0.02 * fp32, (fp32, fp16, bf16)
 
 
+def dense_bytes(**moe) -> int:
+    """fp32 bytes of the MoE transformer's parameters outside its experts (what --dp reduces)."""
+    from psrt.train.data import load
+    from psrt.train.models import build_model
+    model = build_model("moe", load("text", 64), 32, 0, **moe)
+    return 4 * sum(p.numel() for n, p in model.named_parameters() if ".experts." not in n)
+
+
 def test_train_moe_summary_and_metrics(tmp_path):
     run = ranks(4, "--model", "moe", "--experts", "4", "--ep", "2", "--top-k", "2", "--steps", "3",
-                "--width", "32", "--quiet", "--metrics", str(tmp_path / "m.jsonl")).check()
+                "--width", "32", "--algorithm", "doubling", "--quiet", "--metrics", str(tmp_path / "m.jsonl")).check()
     assert "ring ep2: 4 experts, top-2, ep 2; tokens routed per expert per step and layer: e0 " in run.stdout
     lines = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
     steps, summary = lines[:-1], lines[-1]
@@ -70,6 +78,9 @@ def test_train_moe_summary_and_metrics(tmp_path):
     assert all(sum(s["routed"]) == 2 * 2 * tokens for s in steps), [sum(s["routed"]) for s in steps]
     assert 0.5 < summary["a2a_bytes_per_step"] / summary["a2a_uniform"] < 1.5, summary
     assert summary["dropped_frac"] < 0.25
+    # --algorithm reduces the dense gradients: recursive doubling sends log2(4) = 2 x M per rank
+    dense = (summary["bytes_per_rank"] - 3 * summary["a2a_bytes_per_step"]) / 3
+    assert dense == pytest.approx(2 * dense_bytes(experts=4, top_k=2), rel=1e-9), summary
 
 
 @pytest.mark.parametrize("argv,words", [

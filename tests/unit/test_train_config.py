@@ -59,6 +59,7 @@ def test_comma_list_of_strategies():
     (["--recompute"], "--recompute recomputes transformer blocks; --model mlp has none"),
     (["--sequence-parallel", "--model", "transformer"], "--sequence-parallel splits the sequence over the tensor-parallel ranks"),
     (["--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint"),
+    (["--model", "moe", "--algorithm", "torch"], "--algorithm torch with --model moe"),
     (["--model", "moe", "--capacity-factor", "0"], "--capacity-factor 0.0: must be a positive number"),
     (["--model", "moe", "--capacity-factor", "nan"], "--capacity-factor nan: must be a positive number"),
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),

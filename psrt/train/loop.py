@@ -477,9 +477,11 @@ def moe_summary(cfg: TrainConfig, dp: int, routing: RoutingTotals, steps: int, a
                 layers_per_rank: float | None = None) -> dict:
     """The summary row's MoE fields: tokens routed per expert per step and layer, the dropped
     fraction, all-to-all bytes per rank and step (a2a: summed over the steps, mean of the
-    ranks) beside the uniform-routing model, 4 all-to-alls per layer of T k h 4 (EP-1)/EP bytes
-    (a pipeline rank holds layers / pp of the layers: layers_per_rank)."""
+    ranks) beside the uniform-routing model, 4 all-to-alls per layer of T k h d (EP-1)/EP bytes,
+    d the bytes of a value of the compute dtype, in which the rows travel (a pipeline rank
+    holds layers / pp of the layers: layers_per_rank)."""
     tokens = cfg.batch_size // dp * cfg.seq_len          # per rank per step
+    d = 4 if cfg.precision == "fp32" else 2
     layers = routing.layers
     layers_per_rank = layers if layers_per_rank is None else layers_per_rank
     routed, dropped = routing.routed, routing.dropped
@@ -487,4 +489,4 @@ def moe_summary(cfg: TrainConfig, dp: int, routing: RoutingTotals, steps: int, a
                 routed_per_step=(routed / steps / max(layers, 1)).tolist(),
                 dropped_frac=float(dropped.sum() / routed.sum()) if routed.sum() else 0.0,
                 a2a_bytes_per_step=a2a / steps,
-                a2a_uniform=4 * tokens * cfg.top_k * width * 4 * (cfg.ep - 1) / cfg.ep * layers_per_rank)
+                a2a_uniform=4 * tokens * cfg.top_k * width * d * (cfg.ep - 1) / cfg.ep * layers_per_rank)

@@ -36,14 +36,27 @@ def test_moe_on_a_pipeline_and_tensor_parallel_grid_equals_one_process(run_ranks
 
 
 def test_train_moe_with_pp_routes_every_token_and_counts_the_all_to_all(tmp_path):
-    """psrt.train --model moe --pp 2 --ep 2: the routing summary gathers both stages' layers."""
+    """psrt.train --model moe --pp 2 --ep 2: the routing summary gathers both stages' layers and
+    --metrics holds each step's routing; padded dispatch at capacity factor 1 sends exactly the
+    uniform-routing bytes, counted in bf16, the dtype the rows travel in."""
     run = ranks(4, "--model", "moe", "--pp", "2", "--experts", "4", "--ep", "2", "--top-k", "2", "--steps", "2",
-                "--width", "32", "--quiet", "--metrics", str(tmp_path / "m.jsonl")).check()
+                "--width", "32", "--moe-dispatch", "padded", "--capacity-factor", "1.0", "--precision", "bf16",
+                "--quiet", "--metrics", str(tmp_path / "m.jsonl")).check()
     assert "ring pp2 tp1 ep2: 4 experts, top-2, ep 2; tokens routed per expert per step and layer: e0 " \
         in run.stdout, run.stdout
-    summary = json.loads((tmp_path / "m.jsonl").read_text().splitlines()[-1])
-    assert sum(summary["routed_per_step"]) == 2 * 64 * 64, summary     # k x global tokens, per layer
-    assert 0.5 < summary["a2a_bytes_per_step"] / summary["a2a_uniform"] < 1.5, summary
+    lines = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    steps, summary = lines[:-1], lines[-1]
+    tokens = 64 * 64                      # global batch x sequence length
+    assert len(steps) == 2 and sum(summary["routed_per_step"]) == 2 * tokens, summary  # k x tokens, per layer
+    for s in steps:       # both layers (one per stage), as the plain MoE run writes them
+        assert s["ep"] == 2 and sum(s["routed"]) == 2 * 2 * tokens and 0 <= s["dropped"] < 2 * 2 * tokens, s
+        # alpha E sum f_i P_i lies in [alpha / E, alpha E] per layer (P_i >= f_i / E: a token's
+        # first choice has probability >= 1/E)
+        assert 2 * 0.01 / 4 <= s["aux_loss"] <= 2 * 0.01 * 4, s
+    # every expert's buffer holds its capacity T k / E rows, full or not: 4 all-to-alls of
+    # T k h d (EP-1)/EP bytes per layer and step, d = 2 for bf16, T = 2048 tokens per rank
+    assert summary["a2a_bytes_per_step"] == pytest.approx(summary["a2a_uniform"], rel=1e-12), summary
+    assert summary["a2a_uniform"] == 4 * 2048 * 2 * 32 * 2 * (1 / 2) * (2 / 2), summary
 
 
 def test_moe_mixed_precision_reaches_the_fp32_loss():

@@ -117,16 +117,22 @@ def test_bad_moe_input_is_one_line_and_exit_2(argv, words):
 
 
 def test_bench_moe(run_ranks, tmp_path):
-    """bench moe: both all-to-alls at every EP that divides N, the prediction beside them, and
-    the dense vs MoE step."""
+    """bench moe on one host: both all-to-alls at every EP that divides N, the prediction beside
+    them, and the dense vs MoE step with both dispatch shapes."""
     out = tmp_path / "moe.json"
-    run_ranks(4, "-m", "psrt.bench", "moe", "--sizes", "64KiB", "--repeats", "1", "--steps", "1", "--quiet",
-              "--json", str(out), timeout=240).check()
+    run = run_ranks(4, "-m", "psrt.bench", "moe", "--sizes", "64KiB", "--repeats", "1", "--steps", "1",
+                    "--capacity-factor", "2", "--json", str(out), timeout=240).check()
     payload = json.loads(out.read_text())
     assert [r["ep"] for r in payload["rows"]] == [2, 4]
     for r in payload["rows"]:
         assert r["pairwise"] > 0 and r["native"] > 0 and r["predicted"] > 0
-    assert set(payload["steps"]) == {"transformer", "moe"}
+    assert set(payload["steps"]) == {"transformer", "moe", "moe padded"}
+    # padded dispatch sends 3 other experts' full capacity, ceil(2 x 512 tokens / 4) rows of
+    # 64 fp32 values, in 4 all-to-alls of 2 layers; variable sends the kept rows, at most 512
+    a2a = payload["a2a_bytes"]
+    assert a2a["moe padded"] == 4 * 2 * 3 * 256 * 64 * 4, a2a
+    assert 0 < a2a["moe"] <= 4 * 2 * 512 * 64 * 4, a2a
+    assert "# MoE dispatch at capacity factor 2: padded " in run.stdout, run.stdout
 
 
 def test_example_prints_the_routing_table(run_ranks):

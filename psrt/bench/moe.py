@@ -7,6 +7,8 @@ what an MoE step costs beside a dense one.
    busiest host link; (EP-1)(alpha + beta m/EP) with one rank per host).  alpha and beta
    come from a ping-pong of this run (rank 0 and a rank on another host; on one host, rank 1,
    each rank then standing for a host of its own).  Groups of EP consecutive ranks run at once.
+   Each step of the exchange is also timed alone, to see where the time goes against the
+   model: in steps that wait on one another, or in each step's EP concurrent flows.
 2. Step time of a dense transformer against the MoE transformer with the same active
    parameters per token (top-1 experts of the dense MLP's shape), experts spread over all
    ranks (EP = N), same global batch; the MoE step with both dispatch shapes, variable (the
@@ -50,6 +52,33 @@ def time_alltoall(group, nbytes: int, algorithm: str, repeats: int, calls: int =
         if i:
             times.append(t)
     return statistics.median(times)
+
+
+def time_steps(group, nbytes: int, repeats: int, calls: int = 4) -> list[float]:
+    """Each step k = 1..EP-1 of the pairwise exchange timed alone (every group at once, as in
+    the exchange): median over repeats of the slowest rank's mean of `calls` back-to-back
+    steps.  Their sum beside the whole exchange says whether the steps cost more together
+    (waiting on one another) or each alone (what one step of EP concurrent flows costs)."""
+    import torch
+    from psrt.collectives import alltoall
+    from psrt.collectives.layout import offsets
+    p = group.size
+    rows = max(nbytes // 4 // p, 1)
+    x, out = torch.ones(rows * p), torch.empty(rows * p)
+    off = offsets([rows] * p)
+    times = []
+    for k in range(1, p):
+        runs = []
+        for i in range(repeats + 1):
+            group.comm.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                alltoall.step(group.comm, k, x, off, out, off)
+            t = max(group.comm.allgather((time.perf_counter() - t0) / calls))
+            if i:
+                runs.append(t)
+        times.append(statistics.median(runs))
+    return times
 
 
 def step_time(world, grid, name: str, steps: int, dispatch: str = "variable",
@@ -108,6 +137,7 @@ def command(args) -> int:
             row = {"ep": ep, "size": fmt_bytes(m), "nbytes": m}
             for algo in ("pairwise", "native"):
                 row[algo] = time_alltoall(grid.ep_group, m, algo, args.repeats)
+            row["steps_s"] = time_steps(grid.ep_group, m, args.repeats)
             rows.append(row)
         grid.free()
     steps, a2a = {}, {}
@@ -146,6 +176,13 @@ def command(args) -> int:
                   "link's bytes"
                   + ("" if one_per_host else " (ranks share hosts: the link model is a rough guide)"))
         report.table(rows, cols + [("pairwise_vs_native", "x native", ".2f")])
+        print("# the pairwise exchange's steps timed one at a time (ms), beside their sum and the whole exchange"
+              + ("" if link is None else "; one step alone by the ping-pong fit: alpha + beta x size/EP"))
+        for r in rows:
+            alone = "" if link is None else \
+                f"; ping-pong fit {(link['alpha_s'] + r['nbytes'] / r['ep'] * link['beta_s_per_byte']) * 1e3:.2f}"
+            print(f"  EP {r['ep']} {r['size']}: steps " + ", ".join(f"{t * 1e3:.2f}" for t in r["steps_s"])
+                  + f" (sum {sum(r['steps_s']) * 1e3:.2f}, whole {r['pairwise'] * 1e3:.2f}){alone}")
         if steps:
             print(f"# step time, dense transformer vs MoE (top-1, {world.size} experts of the dense MLP's shape, "
                   f"EP={world.size}): {steps['transformer'] * 1e3:.1f} ms vs {steps['moe'] * 1e3:.1f} ms "

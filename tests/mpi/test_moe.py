@@ -126,6 +126,7 @@ def test_bench_moe(run_ranks, tmp_path):
     assert [r["ep"] for r in payload["rows"]] == [2, 4]
     for r in payload["rows"]:
         assert r["pairwise"] > 0 and r["native"] > 0 and r["predicted"] > 0
+        assert len(r["steps_s"]) == r["ep"] - 1 and min(r["steps_s"]) > 0, r   # each step alone
     assert set(payload["steps"]) == {"transformer", "moe", "moe padded"}
     # padded dispatch sends 3 other experts' full capacity, ceil(2 x 512 tokens / 4) rows of
     # 64 fp32 values, in 4 all-to-alls of 2 layers; variable sends the kept rows, at most 512

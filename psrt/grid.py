@@ -55,6 +55,23 @@ def check_ep(ep: int, dp: int) -> None:
                         "is carved out of data parallelism", everywhere=True)
 
 
+def ep_ranks(rank: int, dp: int, pp: int, tp: int, ep: int) -> list[int]:
+    """World ranks of `rank`'s expert-parallel group, in ep_rank order (pure; what
+    Grid.ep_comm holds): the block of ep consecutive dp ranks that contains it, at the same
+    pipeline stage and TP rank."""
+    d, p, t = coords_of(rank, dp, pp, tp)
+    first = d - d % ep
+    return [rank_of(first + i, p, t, dp, pp, tp) for i in range(ep)]
+
+
+def edp_ranks(rank: int, dp: int, pp: int, tp: int, ep: int) -> list[int]:
+    """World ranks of `rank`'s expert-data-parallel group, in its rank order (pure; what
+    Grid.edp_comm holds): the dp ranks with the same place in their expert-parallel block,
+    which hold replicas of the same experts."""
+    d, p, t = coords_of(rank, dp, pp, tp)
+    return [rank_of(i, p, t, dp, pp, tp) for i in range(d % ep, dp, ep)]
+
+
 def infer_dp(size: int, pp: int, tp: int) -> int:
     """The data-parallel degree that fills `size` ranks with pp x tp; a one-line PsrtError
     when it is not a whole number (pure: psrt.train checks it before starting anything)."""
@@ -136,6 +153,7 @@ class Grid:
         self.pp_group = Communicator(self.pp_comm, algorithm=self.algorithm)
         self.tp_group = Communicator(self.tp_comm, algorithm=self.algorithm)
         check_ep(self.ep, self.dp)
+        # the layout of ep_ranks and edp_ranks (tests/mpi/test_grid.py checks the two agree)
         self.ep_rank = self.dp_rank % self.ep
         self.ep_comm = self.dp_comm.Split(self.dp_rank // self.ep, key=self.dp_rank)
         self.edp_comm = self.dp_comm.Split(self.ep_rank, key=self.dp_rank)

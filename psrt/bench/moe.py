@@ -2,26 +2,34 @@
 what an MoE step costs beside a dense one.
 
 1. All-to-all time per size and EP, psrt's pairwise exchange against the MPI library's
-   Alltoallv, beside the alpha-beta prediction of the pairwise exchange: EP-1 steps, each
-   alpha + beta x (m / EP) when every rank's block goes over its own link (one rank per
-   host; Thakur, Rabenseifner & Gropp 2005).  alpha and beta come from a ping-pong of this
-   run (rank 0 and a rank on another host).  Groups of EP consecutive ranks run at once.
+   Alltoallv, beside the alpha-beta prediction of the pairwise exchange
+   (psrt.collectives.cost.predict_alltoall: EP-1 steps, each alpha + beta x the bytes of the
+   busiest host link; (EP-1)(alpha + beta m/EP) with one rank per host).  alpha and beta
+   come from a ping-pong of this run (rank 0 and a rank on another host; on one host, rank 1,
+   each rank then standing for a host of its own).  Groups of EP consecutive ranks run at once.
+   Each step of the exchange is also timed alone, to see where the time goes against the
+   model: in steps that wait on one another, or in each step's EP concurrent flows.
 2. Step time of a dense transformer against the MoE transformer with the same active
    parameters per token (top-1 experts of the dense MLP's shape), experts spread over all
-   ranks (EP = N), same global batch.
+   ranks (EP = N), same global batch; the MoE step with both dispatch shapes, variable (the
+   counts first, then only the kept rows) and padded (every expert's full capacity), with
+   the all-to-all bytes each sends per rank and step.
 """
 from __future__ import annotations
 
 import statistics
 import time
 
-HELP = "MoE all-to-all (pairwise vs MPI Alltoallv vs alpha-beta) and dense vs MoE step time"
+HELP = "MoE all-to-all (pairwise vs MPI Alltoallv vs alpha-beta), dense vs MoE step, padded vs variable dispatch"
+DISPATCH = ("variable", "padded")
 
 
 def add_arguments(p) -> None:
     p.add_argument("--sizes", default="64KiB,1MiB,8MiB", help="bytes each rank sends in one all-to-all")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=5, help="training steps per model (0: no step comparison)")
+    p.add_argument("--capacity-factor", type=float, default=1.25,
+                   help="expert capacity factor of the MoE steps (padded dispatch sends all of it)")
     p.add_argument("--json", help="write the rows as JSON")
     p.add_argument("--quiet", action="store_true")
 
@@ -46,8 +54,37 @@ def time_alltoall(group, nbytes: int, algorithm: str, repeats: int, calls: int =
     return statistics.median(times)
 
 
-def step_time(world, grid, name: str, steps: int) -> float:
-    """Mean step of `name` (dense transformer or moe) on the same data, slowest rank."""
+def time_steps(group, nbytes: int, repeats: int, calls: int = 4) -> list[float]:
+    """Each step k = 1..EP-1 of the pairwise exchange timed alone (every group at once, as in
+    the exchange): median over repeats of the slowest rank's mean of `calls` back-to-back
+    steps.  Their sum beside the whole exchange says whether the steps cost more together
+    (waiting on one another) or each alone (what one step of EP concurrent flows costs)."""
+    import torch
+    from psrt.collectives import alltoall
+    from psrt.collectives.layout import offsets
+    p = group.size
+    rows = max(nbytes // 4 // p, 1)
+    x, out = torch.ones(rows * p), torch.empty(rows * p)
+    off = offsets([rows] * p)
+    times = []
+    for k in range(1, p):
+        runs = []
+        for i in range(repeats + 1):
+            group.comm.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                alltoall.step(group.comm, k, x, off, out, off)
+            t = max(group.comm.allgather((time.perf_counter() - t0) / calls))
+            if i:
+                runs.append(t)
+        times.append(statistics.median(runs))
+    return times
+
+
+def step_time(world, grid, name: str, steps: int, dispatch: str = "variable",
+              capacity_factor: float = 1.25) -> tuple[float, float]:
+    """(mean step, mean all-to-all bytes per rank and step) of `name` (dense transformer or
+    moe, with this dispatch shape) on the same data, slowest rank."""
     import torch
     from psrt.ep.layer import moe_layers
     from psrt.train.data import load
@@ -55,21 +92,22 @@ def step_time(world, grid, name: str, steps: int) -> float:
     from psrt.train.moe import MoETrainer
     data = load("text", 64)
     torch.manual_seed(0)
-    model = build_model(name, data, 64, 2, **({"experts": grid.ep, "top_k": 1, "capacity_factor": 2.0}
-                                             if name == "moe" else {}))
+    model = build_model(name, data, 64, 2, **({"experts": grid.ep, "top_k": 1, "capacity_factor": capacity_factor,
+                                               "dispatch": dispatch} if name == "moe" else {}))
     for layer in moe_layers(model):
         layer.shard(grid.ep_group, grid.dp_group, algorithm="pairwise")
     trainer = MoETrainer(model, lambda ps: torch.optim.SGD(ps, lr=0.1), grid, algorithm="ring")
     g = torch.Generator().manual_seed(1 + world.rank)
     batches = [torch.randint(len(data), (8,), generator=g) for _ in range(steps + 1)]
-    times = []
+    times, sent = [], []
     for i, idx in enumerate(batches):
         world.comm.Barrier()
         t0 = time.perf_counter()
-        trainer.step(lambda mb: loss_and_correct(model, mb, "lm")[0], [(data.train_x[idx], data.train_y[idx])])
+        stats = trainer.step(lambda mb: loss_and_correct(model, mb, "lm")[0], [(data.train_x[idx], data.train_y[idx])])
         if i:
             times.append(max(world.comm.allgather(time.perf_counter() - t0)))
-    return statistics.mean(times)
+            sent.append(stats.extra.get("a2a_bytes", 0))
+    return statistics.mean(times), statistics.mean(world.comm.allgather(statistics.mean(sent)))
 
 
 def command(args) -> int:
@@ -77,10 +115,12 @@ def command(args) -> int:
     from psrt.bench import report
     from psrt.bench.collectives import parse_size
     from psrt.bench.report import need
-    from psrt.grid import Grid
+    from psrt.collectives.cost import Fit, predict_alltoall
+    from psrt.grid import Grid, ep_ranks
     from psrt.train import prediction
     from psrt.train.report import fmt_bytes
     need(args.repeats >= 1, f"--repeats {args.repeats}: must be at least 1")
+    need(args.capacity_factor > 0, f"--capacity-factor {args.capacity_factor}: must be a positive number")
     try:
         sizes = [parse_size(s) for s in args.sizes.split(",")]
     except ValueError as err:
@@ -97,12 +137,16 @@ def command(args) -> int:
             row = {"ep": ep, "size": fmt_bytes(m), "nbytes": m}
             for algo in ("pairwise", "native"):
                 row[algo] = time_alltoall(grid.ep_group, m, algo, args.repeats)
+            row["steps_s"] = time_steps(grid.ep_group, m, args.repeats)
             rows.append(row)
         grid.free()
-    steps = {}
+    steps, a2a = {}, {}
     if args.steps:
         grid = Grid.build(world.comm, ep=world.size)
-        steps = {name: step_time(world, grid, name, args.steps) for name in ("transformer", "moe")}
+        steps["transformer"], _ = step_time(world, grid, "transformer", args.steps)
+        for dispatch in DISPATCH:
+            key = "moe" if dispatch == "variable" else f"moe {dispatch}"
+            steps[key], a2a[key] = step_time(world, grid, "moe", args.steps, dispatch, args.capacity_factor)
         grid.free()
     ctl.Free()
     if world.rank != 0:
@@ -112,9 +156,12 @@ def command(args) -> int:
     for r in rows:
         r["pairwise_vs_native"] = r["native"] / r["pairwise"]
         if link is not None:
-            block = r["nbytes"] / r["ep"]
-            r["predicted"] = (r["ep"] - 1) * (link["alpha_s"] + block * link["beta_s_per_byte"])
-            r["error"] = r["pairwise"] / r["predicted"] - 1
+            n, ep = world.size, r["ep"]
+            groups = [ep_ranks(first, n, 1, 1, ep) for first in range(0, n, ep)]
+            fit = Fit(link["alpha_s"], link["beta_s_per_byte"], 1.0)
+            r["predicted"] = predict_alltoall(groups, r["nbytes"], link["host_of"], fit)
+            if r["predicted"] is not None:       # None: every group inside one host
+                r["error"] = r["pairwise"] / r["predicted"] - 1
     if link is not None:
         cols += [("predicted", "predicted (ms)", ".3f", 1e3), ("error", "error", "+.0%")]
     if not args.quiet:
@@ -125,15 +172,28 @@ def command(args) -> int:
             where = "one rank per host" if one_per_host else f"{link['hosts']} host(s)"
             print(f"# MoE all-to-all, N={world.size} ({where}); ping-pong {link['between']}: alpha "
                   f"{link['alpha_s'] * 1e6:.1f} us, {1 / link['beta_s_per_byte'] / 1e6:.0f} MB/s; size = bytes "
-                  "each rank sends; predicted = pairwise exchange, (EP-1)(alpha + beta size/EP)"
+                  "each rank sends; predicted = pairwise exchange, EP-1 steps of alpha + beta x the busiest "
+                  "link's bytes"
                   + ("" if one_per_host else " (ranks share hosts: the link model is a rough guide)"))
         report.table(rows, cols + [("pairwise_vs_native", "x native", ".2f")])
+        print("# the pairwise exchange's steps timed one at a time (ms), beside their sum and the whole exchange"
+              + ("" if link is None else "; one step alone by the ping-pong fit: alpha + beta x size/EP"))
+        for r in rows:
+            alone = "" if link is None else \
+                f"; ping-pong fit {(link['alpha_s'] + r['nbytes'] / r['ep'] * link['beta_s_per_byte']) * 1e3:.2f}"
+            print(f"  EP {r['ep']} {r['size']}: steps " + ", ".join(f"{t * 1e3:.2f}" for t in r["steps_s"])
+                  + f" (sum {sum(r['steps_s']) * 1e3:.2f}, whole {r['pairwise'] * 1e3:.2f}){alone}")
         if steps:
             print(f"# step time, dense transformer vs MoE (top-1, {world.size} experts of the dense MLP's shape, "
                   f"EP={world.size}): {steps['transformer'] * 1e3:.1f} ms vs {steps['moe'] * 1e3:.1f} ms "
                   f"({steps['moe'] / steps['transformer']:.2f}x), same active parameters per token")
+            padded = "moe padded"
+            print(f"# MoE dispatch at capacity factor {args.capacity_factor:g}: padded {steps[padded] * 1e3:.1f} ms "
+                  f"and {fmt_bytes(a2a[padded])} of all-to-all per rank and step vs variable "
+                  f"{steps['moe'] * 1e3:.1f} ms and {fmt_bytes(a2a['moe'])} "
+                  f"({steps[padded] / steps['moe']:.2f}x the time, {a2a[padded] / max(a2a['moe'], 1):.2f}x the bytes)")
     if args.json:
-        report.write_json(args.json, {"meta": {"world_size": world.size, "link": link and {
-                                          k: v for k, v in link.items() if k != "host_of"}},
-                                      "rows": rows, "steps": steps})
+        report.write_json(args.json, {"meta": {"world_size": world.size, "capacity_factor": args.capacity_factor,
+                                               "link": link and {k: v for k, v in link.items() if k != "host_of"}},
+                                      "rows": rows, "steps": steps, "a2a_bytes": a2a})
     return 0

@@ -20,10 +20,19 @@ def pairwise(comm, send: torch.Tensor, send_counts: list[int], recv: torch.Tenso
              recv_counts: list[int]) -> None:
     """Rank r sends send_counts[j] elements of the flat `send` to rank j and receives
     recv_counts[j] into the flat `recv`, blocks in rank order."""
-    n, r = comm.size, comm.rank
+    r = comm.rank
     so, ro = offsets(send_counts), offsets(recv_counts)
     recv[ro[r]:ro[r + 1]].copy_(send[so[r]:so[r + 1]])
-    for k in range(1, n):
-        dst, src = (r + k) % n, (r - k) % n
-        comm.Sendrecv(msg(send[so[dst]:so[dst + 1]]), dst, TAG_A2A,
-                      msg(recv[ro[src]:ro[src + 1]]), src, TAG_A2A)
+    for k in range(1, comm.size):
+        step(comm, k, send, so, recv, ro)
+
+
+def step(comm, k: int, send: torch.Tensor, send_offsets: list[int], recv: torch.Tensor,
+         recv_offsets: list[int]) -> None:
+    """Step k of the exchange: the block for rank (r+k) mod N out, the one of (r-k) mod N in
+    (blocks at the given offsets).  One step alone is what the benchmark times to see where
+    the exchange spends its time."""
+    n, r = comm.size, comm.rank
+    dst, src = (r + k) % n, (r - k) % n
+    comm.Sendrecv(msg(send[send_offsets[dst]:send_offsets[dst + 1]]), dst, TAG_A2A,
+                  msg(recv[recv_offsets[src]:recv_offsets[src + 1]]), src, TAG_A2A)

@@ -119,11 +119,12 @@ class Communicator:
             self._meta.Free()
             self._meta = None
 
-    def _verify(self, name: str, **signature) -> None:
-        """Exchange (collective, arguments) with every rank and fail loudly on disagreement."""
+    def _verify(self, name: str, **signature) -> bool:
+        """Exchange (collective, arguments) with every rank and fail loudly on disagreement;
+        whether this call was checked (the check mode says which calls are)."""
         self.calls += 1
         if self.check == "off" or (self.check == "cheap" and name in self._checked):
-            return
+            return False
         self._checked.add(name)
         mine = (name, tuple(sorted(signature.items())))
         every = self._meta.allgather(mine)
@@ -134,6 +135,7 @@ class Communicator:
             listing = "; ".join(f"rank {r}: {show(fp)}" for r, fp in enumerate(every))
             raise CollectiveMismatch(f"collective call #{self.calls} does not match across ranks: "
                                      f"ranks {bad} differ from rank 0 ({listing})", everywhere=True)
+        return True
 
     # ------------------------------------------------------------ plumbing
     def _pick(self, collective: str, algorithm: str | None, nbytes: int) -> str:
@@ -499,8 +501,12 @@ class Communicator:
         recv_counts[j] rows from it, concatenated in rank order.
 
         recv_counts=None: the counts are exchanged first (an all-to-all of N integers), as a
-        mixture-of-experts dispatch needs when every step routes differently.  Given, every
-        pair of ranks is checked to agree (a disagreement names the ranks instead of hanging).
+        mixture-of-experts dispatch needs when every step routes differently.  Given, nothing
+        travels but the rows; on the calls the check mode checks (`check`: every call under
+        'all', the first under 'cheap'), every rank's counts are gathered and any pair that
+        disagrees, or a rank whose counts are malformed or that gives none where the others
+        do, is one CollectiveMismatch on every rank naming them.  Unchecked, a mismatch cannot
+        hang silently either: the exchange is a call the watchdog names (psrt.watchdog).
         algorithm: 'pairwise' (psrt's, collectives/alltoall.py) or 'native' (MPI_Alltoallv);
         default: the communicator's, where it is one of these, else native.
         """
@@ -515,15 +521,17 @@ class Communicator:
             raise PsrtError(f"algorithm {algorithm!r} does not implement alltoallv; choose one of {', '.join(table)}")
         algo = algorithm or (self.algorithm if self.algorithm in table else "native")
         tail = tuple(t.shape[1:])
-        self._verify("alltoallv", dtype=t.dtype, row=tail, algorithm=algo)
+        checked = self._verify("alltoallv", dtype=t.dtype, row=tail, algorithm=algo,
+                               recv_counts="exchanged" if recv_counts is None else "given")
         if recv_counts is None:
-            recv_counts = self._meta.alltoall(send_counts)
+            recv_counts = self._exchange_counts(send_counts)
         else:
             recv_counts = [int(c) for c in recv_counts]
-            if len(recv_counts) != self.size or min(recv_counts) < 0:
+            if checked:       # every rank's counts, so every rank names the same culprits
+                self._check_pairs(send_counts, recv_counts)
+            elif len(recv_counts) != self.size or min(recv_counts) < 0:
                 raise PsrtError(f"alltoallv: receive counts {recv_counts} must be {self.size} "
                                 "non-negative numbers")
-            self._check_pairs(send_counts, recv_counts)
         shape = (sum(recv_counts),) + tail
         self._check_out(out, shape, t.dtype, "alltoallv")
         row = math.prod(tail)
@@ -541,10 +549,26 @@ class Communicator:
             return result if direct else Staging.from_mpi(recv, result)
         return self._run('alltoallv', run, async_op, algo, sum(send_counts) * row * t.element_size())
 
+    def _exchange_counts(self, send_counts: list[int]) -> list[int]:
+        """What every rank sends to this one, as a call the watchdog sees: a rank that gave
+        its receive counts while this one did not is not in this exchange, and the job's
+        report then says who waits where instead of hanging without a word."""
+        self.state = (self.calls, "alltoallv", time.monotonic())
+        try:
+            return self._meta.alltoall(send_counts)
+        finally:
+            self.state = (self.calls, "alltoallv", None)
+
     def _check_pairs(self, send_counts: list[int], recv_counts: list[int]) -> None:
-        """What rank i sends to j must be what j expects from i."""
+        """Every rank's receive counts are N non-negative numbers, and what rank i sends to j
+        is what j expects from i."""
         every = self._meta.allgather((send_counts, recv_counts))
         sends, recvs = [s for s, _ in every], [r for _, r in every]
+        malformed = [r for r, c in enumerate(recvs) if len(c) != self.size or min(c, default=0) < 0]
+        if malformed:
+            listing = "; ".join(f"rank {r}: {recvs[r]}" for r in malformed)
+            raise CollectiveMismatch(f"alltoallv: receive counts must be {self.size} non-negative numbers "
+                                     f"on every rank ({listing})", everywhere=True)
         bad = [(i, j) for i in range(self.size) for j in range(self.size) if sends[i][j] != recvs[j][i]]
         if bad:
             listing = "; ".join(f"rank {i} sends {sends[i][j]} rows to rank {j}, which expects "

@@ -20,6 +20,11 @@ All-reduce of M bytes over N ranks:
 - parameter server (psrt.collectives.ps, pipelined): every worker sends M to the server and
   receives M back; the server's link carries (workers on other hosts) x M each way, the two
   directions at once, plus the time to return the last pipeline segment.
+
+All-to-all of M bytes per rank over a group of N (psrt.collectives.alltoall, pairwise
+exchange): N-1 steps; at step k each rank sends its M/N block to rank r+k and receives one
+from r-k, so a step costs alpha + beta x (its busiest link's bytes); with one rank per host
+that is (N-1)(alpha + beta M/N) (Thakur, Rabenseifner & Gropp 2005, sec. 3.5).
 """
 from __future__ import annotations
 
@@ -106,6 +111,21 @@ def predict(algorithm: str, n: int, nbytes: float, host_of: list[int], model: Fi
         remote = sum(1 for r in range(1, n) if host_of[r] != host_of[0])
         extra = remote * seg * model.beta_s_per_byte
     return steps * model.alpha_s + busiest * model.beta_s_per_byte + extra
+
+
+def predict_alltoall(groups: list[list[int]], nbytes: float, host_of: list[int], model: Fit) -> float | None:
+    """Predicted time in seconds of the pairwise all-to-all of `nbytes` per rank in every
+    group of `groups` at once (equal sizes; world ranks in group order), or None when no
+    step crosses a link: each step is charged alpha + beta x the bytes of the busiest host
+    link direction, counting every group's transfers of that step."""
+    n = len(groups[0])
+    total, crossed = 0.0, False
+    for k in range(1, n):
+        moves = [(g[i], g[(i + k) % n], nbytes / n) for g in groups for i in range(n)]
+        busiest = link_load(moves, host_of)
+        crossed |= busiest > 0
+        total += model.alpha_s + busiest * model.beta_s_per_byte
+    return total if crossed else None
 
 
 def wire_bytes(collective: str, algorithm: str, nbytes: int, size: int, rank: int) -> int:

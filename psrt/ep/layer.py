@@ -5,7 +5,9 @@ the rank holding its expert with an all-to-all; each local expert (a GELU MLP) r
 rows it received from every rank; a second all-to-all returns them; each token's output is
 the gate-weighted sum of its experts' outputs (a dropped choice adds nothing: the block's
 residual carries the token).  Backward runs the two all-to-alls in reverse: 4 per layer per
-step, each about T x k x h x d x (EP-1)/EP bytes per rank under uniform routing.
+step, each about T x k x h x d x (EP-1)/EP bytes per rank under uniform routing.  Rows travel
+in the compute dtype (d = 2 bytes under bf16/fp16 autocast): the experts would cast their
+input to it anyway, so dispatching the fp32 residual stream would only double the traffic.
 
 Two dispatch shapes:
 - "variable" (default): per-expert counts are exchanged first, then exactly the kept rows
@@ -34,7 +36,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from psrt.ep.routing import balance_terms, route
+from psrt.ep.routing import balance_loss, balance_terms, route
 
 DISPATCH = ("variable", "padded")
 
@@ -109,7 +111,7 @@ class MoELayer(nn.Module):
 
     def reset_tally(self) -> None:
         E = self.num_experts
-        self.tally = {"aux": 0.0, "a2a_rows": 0,
+        self.tally = {"aux": 0.0, "a2a_bytes": 0,
                       "routed": torch.zeros(E, dtype=torch.float64), "dropped": torch.zeros(E, dtype=torch.float64)}
 
     @property
@@ -126,7 +128,7 @@ class MoELayer(nn.Module):
         if torch.is_grad_enabled():
             t = self.tally
             t["aux"] += float(self.aux.detach())
-            t["a2a_rows"] += self.stats.get("a2a_rows", 0)
+            t["a2a_bytes"] += self.stats.get("a2a_bytes", 0)
             t["routed"] += self.stats["routed"]
             t["dropped"] += self.stats["dropped"]
             if self.aux_grad is not None:
@@ -144,9 +146,8 @@ class MoELayer(nn.Module):
                                                                                      dtype=torch.float64)])
             total = local if self.stats_group is None else self.stats_group.allreduce(local)
         f_counts, routed, dropped, tokens = total[:E], total[E:2 * E], total[2 * E:3 * E], total[-1]
-        f = (f_counts / tokens).to(probs.dtype)
-        # this rank's share of alpha E sum_i f_i P_i, with P_i = (sum over all ranks) / tokens
-        self.aux = self.aux_alpha * E * (f * psum).sum() / tokens.to(probs.dtype)
+        # this rank's share of alpha E sum_i f_i P_i: f of every rank's tokens, this rank's part of P
+        self.aux = balance_loss(f_counts, psum, tokens, self.aux_alpha)
         self.stats = {"routed": routed, "dropped": dropped, "tokens": int(tokens)}
 
     # ------------------------------------------------------------------ dispatch
@@ -166,9 +167,15 @@ class MoELayer(nn.Module):
     def _exchange(self, rows, send_counts, recv_counts):
         if self.ep_size == 1:
             return rows
-        sent = sum(send_counts) - send_counts[self.ep_group.rank]
-        self.stats["a2a_rows"] = self.stats.get("a2a_rows", 0) + sent
+        sent = sum(send_counts) - send_counts[self.ep_group.rank]      # rows to the other ranks
+        self.stats["a2a_bytes"] = self.stats.get("a2a_bytes", 0) + sent * rows.shape[1] * rows.element_size()
         return AllToAll.apply(rows, self.ep_group, send_counts, recv_counts, self.algorithm)
+
+    @staticmethod
+    def _wire(x: torch.Tensor) -> torch.Tensor:
+        """x in the dtype the experts compute in: autocast's where it is on."""
+        kind = x.device.type
+        return x.to(torch.get_autocast_dtype(kind)) if torch.is_autocast_enabled(kind) else x
 
     def _variable(self, x: torch.Tensor, r) -> torch.Tensor:
         P, local = self.ep_size, len(self.experts)
@@ -183,8 +190,8 @@ class MoELayer(nn.Module):
             self.ep_group.alltoallv(per_expert.view(P, local), [1] * P, [1] * P)
         recv_counts = recv_pe.sum(1).tolist()
         self.stats["received"] = recv_pe          # [source rank, local expert]: rows this forward
-        self.stats["a2a_rows"] = 0
-        got = self._exchange(x[tok], send_counts, recv_counts)
+        self.stats["a2a_bytes"] = 0
+        got = self._exchange(self._wire(x[tok]), send_counts, recv_counts)
         ids = torch.repeat_interleave(torch.arange(local).repeat(P), recv_pe.reshape(-1))
         back = self._exchange(self._run(got, ids), recv_counts, send_counts)
         # under autocast the experts answer in the compute dtype; the residual stream keeps x's
@@ -199,9 +206,10 @@ class MoELayer(nn.Module):
         # buffer [G, E, cap]: each token group has its own capacity in every expert
         group = tok // (len(x) // G)
         place = (group * self.num_experts + r.expert[tok, slot]) * cap + r.position[tok, slot]
-        buf = x.new_zeros(G * self.num_experts * cap, x.shape[-1]).index_put((place,), x[tok])
+        rows = self._wire(x[tok])
+        buf = rows.new_zeros(G * self.num_experts * cap, x.shape[-1]).index_put((place,), rows)
         counts = [local * cap] * P
-        self.stats["a2a_rows"] = 0
+        self.stats["a2a_bytes"] = 0
         got = self._exchange(buf, counts, counts)
         ids = torch.arange(local).repeat_interleave(cap).repeat(P * G)
         back = self._exchange(self._run(got, ids), counts, counts)
@@ -223,14 +231,15 @@ def begin_step(layers: list[MoELayer], aux_grad: float) -> None:
 
 def tally(layers: list[MoELayer]) -> dict:
     """The routing figures of these MoE layers since their last reset, summed over the
-    layers ("layers": how many; "a2a_bytes": what this rank sent in the all-to-alls, fp32
-    rows out in forward dispatch and combine and again in backward), and the tallies reset."""
+    layers ("layers": how many; "a2a_bytes": what this rank sent in the all-to-alls, counted
+    in the dtype the rows travel in: forward dispatch and combine, and their gradients the
+    same way back in backward), and the tallies reset."""
     out = {"layers": 0, "aux": 0.0, "a2a_bytes": 0, "routed": None, "dropped": None}
     for m in layers:
         t = m.tally
         out["layers"] += 1
         out["aux"] += t["aux"]
-        out["a2a_bytes"] += 2 * t["a2a_rows"] * m.gate.in_features * 4
+        out["a2a_bytes"] += 2 * t["a2a_bytes"]
         for k in ("routed", "dropped"):
             out[k] = t[k].clone() if out[k] is None else out[k] + t[k]
         m.reset_tally()

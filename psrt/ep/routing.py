@@ -62,3 +62,14 @@ def balance_terms(probs: torch.Tensor, expert: torch.Tensor, experts: int) -> tu
     tokens: the pieces of f and P, summed (not averaged) so ranks can add them up."""
     counts = torch.bincount(expert[:, 0], minlength=experts).to(probs.dtype)
     return counts, probs.sum(0)
+
+
+def balance_loss(first_counts: torch.Tensor, prob_sums: torch.Tensor, tokens, alpha: float) -> torch.Tensor:
+    """alpha x E x sum_i f_i P_i (Switch, eq. 4), with f_i = first_counts_i / tokens (the
+    fraction of tokens whose first choice is expert i) and P_i = prob_sums_i / tokens (the
+    mean gate probability of expert i); E = len(first_counts).  Its minimum, alpha, is
+    uniform routing.  `prob_sums` may be one rank's part of the global sums: the result is
+    then that rank's share of the global loss (linear in prob_sums), and the shares add up."""
+    experts = len(first_counts)
+    f = (first_counts.double() / tokens).to(prob_sums.dtype)
+    return alpha * experts * (f * prob_sums).sum() / torch.as_tensor(tokens, dtype=prob_sums.dtype)

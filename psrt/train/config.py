@@ -208,6 +208,9 @@ class TrainConfig:
         if bad and self.pp * self.tp == 1:      # with --pp/--tp the hybrid run's --dp check applies
             raise PsrtError(f"--dp {','.join(bad)} with --model moe: the dense gradients reduce with one "
                             f"of {', '.join(MOE_DP)}", everywhere=True)
+        if self.algorithm == "torch":
+            raise PsrtError("--algorithm torch with --model moe: the gradients reduce over psrt's own groups "
+                            "(dp, edp); choose one of psrt's algorithms", everywhere=True)
         if self.resume or self.checkpoint:
             raise PsrtError("--checkpoint/--resume are not available with --model moe", everywhere=True)
 
@@ -263,22 +266,24 @@ def plan_batch(cfg: TrainConfig, world_size: int) -> str | None:
     multiple of all of them, the same for every strategy so their rows compare.  Returns what
     to tell the user, or None."""
     from psrt.dp.roles import num_workers
-    from psrt.grid import infer_dp
-    if cfg.model == "moe":
-        from psrt.grid import check_ep
-        try:
-            check_ep(cfg.ep, world_size)
-        except PsrtError as err:
-            raise PsrtError(f"{err} (here {world_size} ranks)", everywhere=True) from None
-        workers = {d: world_size for d in cfg.dp_list}
-    elif cfg.pp * cfg.tp != 1:
+    from psrt.grid import check_ep, infer_dp
+    if cfg.pp * cfg.tp != 1:
         try:
             dp = infer_dp(world_size, cfg.pp, cfg.tp)
         except PsrtError as err:
             raise PsrtError(f"--pp {cfg.pp} --tp {cfg.tp}: {err}", everywhere=True) from None
         workers = {f"{d} on dp={dp}": dp for d in cfg.dp_list}
+        grid = f"{world_size} ranks / (--pp {cfg.pp} x --tp {cfg.tp})"
+    elif cfg.model == "moe":          # every rank trains: dp is the world
+        dp, grid = world_size, f"{world_size} ranks"
+        workers = {d: dp for d in cfg.dp_list}
     else:
         workers = {d: num_workers(d, world_size, cfg.servers) for d in cfg.dp_list}
+    if cfg.model == "moe":
+        try:
+            check_ep(cfg.ep, dp)
+        except PsrtError as err:
+            raise PsrtError(f"{err} (here {grid})", everywhere=True) from None
     unit = math.lcm(*(w * cfg.accum for w in workers.values()))
     mb = f"{cfg.accum} micro-batch{'es' * (cfg.accum != 1)} (--accum)"
     if cfg.batch_size_given:

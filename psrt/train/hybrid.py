@@ -140,8 +140,10 @@ class HybridTrainer:
         # The TP group counts its traffic for the step's bytes_sent.
         self.tp = CountingGroup(grid.tp_group)
         model = shard_dense(dense if dense is not None else dense_model(cfg), self.tp, cfg.sequence_parallel)
+        self.num_experts = 0                  # 0: no MoE layers in the model
         for layer in moe_layers(model):
             layer.shard(grid.ep_group, grid.dp_group, algorithm="pairwise")
+            self.num_experts = layer.num_experts
         blocks = [model.embed, *model.blocks, model.head]
         self.schedule = make_schedule(cfg.schedule, grid.pp, cfg.microbatches, cfg.virtual_stages)
         stage_ids = self.schedule.stages_of(grid.pp_rank)
@@ -176,7 +178,8 @@ class HybridTrainer:
         rank put on the wire: pipeline sends, tensor-parallel collectives and the dp
         all-reduce (extra: pp_, tp_ and dp_bytes_sent); extra also holds the pipeline figures
         (step_s, bubble, peak_activation_bytes, peak_live_microbatches) and dp_comm_s,
-        dp_payload_bytes; with MoE layers, moe (psrt.ep.layer.tally of this rank's layers).
+        dp_payload_bytes; with MoE layers, moe: the step's routing over every layer of the
+        model (see `_routing`).
         """
         g, cfg = self.grid, self.cfg
         if x.shape[0] < g.dp * cfg.microbatches:
@@ -206,9 +209,9 @@ class HybridTrainer:
                    + wire_bytes("reduce_scatter", "native", self.tp.bytes.get("reduce_scatter", 0), g.tp, g.tp_rank))
         dp_sent = (wire_bytes("allreduce", cfg.dp_algorithm, payload, g.dp, g.dp_rank)
                    + wire_bytes("allreduce", cfg.dp_algorithm, expert_payload, g.edp_group.size, g.edp_group.rank))
-        moe = tally(self.moe)
+        moe = self._routing() if self.num_experts else None
         return DPStepStats(loss=loss, compute_s=pp.busy_s, comm_s=pp.wait_s + dp_s,
-                           bytes_sent=pp.bytes_sent + tp_sent + dp_sent + moe["a2a_bytes"],
+                           bytes_sent=pp.bytes_sent + tp_sent + dp_sent + (moe["a2a_bytes"] if moe else 0),
                            extra={"moe": moe,
                                   "step_s": pp.total_s, "bubble": pp.bubble, "dp_comm_s": dp_s,
                                   "pp_bytes_sent": pp.bytes_sent, "tp_bytes_sent": tp_sent,
@@ -216,6 +219,23 @@ class HybridTrainer:
                                   "dp_payload_bytes": payload,
                                   "peak_activation_bytes": pp.peak_activation_bytes,
                                   "peak_live_microbatches": pp.peak_live_microbatches})
+
+    def _routing(self) -> dict:
+        """The MoE figures of this step as psrt.train.moe's step gives them, the same on every
+        rank: routed and dropped per expert summed over every layer of the model, the global
+        balance loss (its mean over the micro-batches, as the loss), the number of MoE layers,
+        and a2a_bytes, what this rank sent in its layers' all-to-alls.  One all-reduce over
+        the grid: each layer's figures are already summed over dp and stand on each of the
+        stage's dp x tp ranks, its balance-loss shares on each of its tp ranks."""
+        g, E = self.grid, self.num_experts
+        mine = tally(self.moe)
+        local = torch.zeros(2 * E + 2, dtype=torch.float64)
+        if mine["layers"]:
+            local[:E], local[E:2 * E] = mine["routed"], mine["dropped"]
+        local[2 * E:] = torch.tensor([mine["aux"] / self.cfg.microbatches * g.dp, mine["layers"]])
+        total = g.cart_comm.allreduce(local) / (g.dp * g.tp)
+        return {"routed": total[:E], "dropped": total[E:2 * E], "aux_loss": float(total[2 * E]),
+                "layers": round(float(total[2 * E + 1])), "a2a_bytes": mine["a2a_bytes"]}
 
     def _allreduce_grads(self) -> tuple[int, int]:
         """Sum the gradients over the dp axis, each group in one flat buffer: experts over

@@ -70,20 +70,28 @@ def strategy_options(cfg: TrainConfig, dp: str) -> dict:
 def check_strategies(cfg: TrainConfig) -> None:
     """Before anything trains: every strategy can be loaded and takes its options, and a
     strategy flag the user set applies to at least one strategy of --dp (a --servers given
-    to --dp ring alone would otherwise change nothing and say nothing)."""
+    to --dp ring alone would otherwise change nothing and say nothing).  Hybrid (--pp/--tp)
+    and MoE runs reduce their gradients in flat buffers after backward, with --dp naming the
+    all-reduce: of the strategy flags only --algorithm applies to them."""
     hybrid = cfg.pp * cfg.tp != 1
-    accepted = {"algorithm"} if hybrid else set()
+    grid_run = hybrid or cfg.model == "moe"
+    accepted = {"algorithm"} if grid_run else set()
     for dp in cfg.dp_list:
         if hybrid:
             check_hybrid(cfg, dp)
-        else:
+        elif not grid_run:          # hybrid and MoE runs step on every rank: fp16 works with all
+            precision.check(cfg.precision, dp)
             cls = strategy_class(dp)
             make_options(cls.Options, strategy_options(cfg, dp), f"--dp {dp}")   # values checked now
             accepted |= set(option_names(cls))
     for name in STRATEGY_FLAGS:
         if cfg.given(name) and name not in accepted:
-            raise PsrtError(f"{flag(name)} does not apply to --dp {cfg.dp}"
-                            f"{' with --pp/--tp' if hybrid else ''}: it is an option of "
+            if grid_run:
+                where = "--pp/--tp" if hybrid else "--model moe"
+                raise PsrtError(f"{flag(name)} does not apply to --dp {cfg.dp} with {where}: the gradients "
+                                "reduce in one flat all-reduce after backward, whose algorithm --algorithm "
+                                "picks", everywhere=True)
+            raise PsrtError(f"{flag(name)} does not apply to --dp {cfg.dp}: it is an option of "
                             f"{', '.join(takers(name)) or 'no strategy'}", everywhere=True)
 
 
@@ -342,18 +350,17 @@ def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer 
     metrics = report.Metrics(cfg.path_for(cfg.metrics, dp) if lead else None)
     compute = comm = 0.0
     sent, loss = 0, float("nan")
-    routing = []                       # each step's MoE tally of this rank's layers
+    routing = RoutingTotals()
     ctl.Barrier()
     t0 = time.perf_counter()
     for step in range(total):
         idx = sampler.global_indices(step)
         stats = trainer.step(dataset.train_x[idx], dataset.train_y[idx])
         compute, comm, sent, loss = compute + stats.compute_s, comm + stats.comm_s, sent + stats.bytes_sent, stats.loss
-        if moe:
-            routing.append(stats.extra["moe"])
+        routed = routing.add(cfg, stats.extra["moe"]) if moe else {}
         if lead:
             metrics.write({"dp": dp, "pp": grid.pp, "tp": grid.tp, "step": step + 1,
-                           "loss": report.finite(stats.loss), "compute_s": stats.compute_s,
+                           "loss": report.finite(stats.loss), **routed, "compute_s": stats.compute_s,
                            "comm_s": stats.comm_s, "bytes_sent": stats.bytes_sent,
                            "bubble": stats.extra.get("bubble"), "time_s": time.perf_counter() - t0})
             progress.update(step + 1, f"loss {stats.loss:.4f}")
@@ -363,9 +370,7 @@ def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer 
             "opt": optimizer_state_bytes(trainer.optimizer),
             "steps": total, "loss": float(loss), "test_loss": None, "test_acc": None, "wall": wall}
     if moe:
-        # routing figures are already summed over dp: each (pp stage, tp rank 0) of dp rank 0 adds its layers
-        mine["a2a"] = sum(r["a2a_bytes"] for r in routing)
-        mine["routing"] = routing if grid.dp_rank == 0 and grid.tp_rank == 0 else []
+        mine["a2a"] = routing.a2a
     everyone = ctl.gather(mine, root=0)
     grid.free()
     if scaler:
@@ -382,13 +387,8 @@ def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer 
     if scaler:
         row.update(loss_scale=scaler.scale, skipped_steps=scaler.skipped)
     if moe:
-        steps = [s for r in everyone for s in r["routing"]]
-        layers = sum(s["layers"] for s in steps) / total
-        routed = sum(s["routed"] for s in steps if s["layers"])
-        dropped = sum(s["dropped"] for s in steps if s["layers"])
-        row.update(moe_summary(cfg, grid.dp, routed, dropped, total, round(layers),
-                               sum(r["a2a"] for r in everyone) / len(everyone), model.embed.tok.embedding_dim,
-                               layers_per_rank=layers / grid.pp))
+        row.update(moe_summary(cfg, grid.dp, routing, total, sum(r["a2a"] for r in everyone) / len(everyone),
+                               model.embed.tok.embedding_dim, layers_per_rank=routing.layers / grid.pp))
     metrics.close()
     return row
 
@@ -414,7 +414,7 @@ def train_moe(cfg: TrainConfig, dp: str, world, ctl, dataset) -> dict | None:
     for layer in moe_layers(model):
         layer.shard(grid.ep_group, grid.dp_group, algorithm="pairwise")
     compute_dtype, scaler, make_opt = mixed_precision(cfg, world)
-    trainer = MoETrainer(model, make_opt, grid, algorithm=MOE_DP[dp], scaler=scaler)
+    trainer = MoETrainer(model, make_opt, grid, algorithm=cfg.algorithm or MOE_DP[dp], scaler=scaler)
     loss_fn = autocast_loss(lambda mb: loss_and_correct(model, mb, dataset.task)[0], compute_dtype, scaler)
 
     sampler = ShardedSampler(len(dataset), cfg.batch_size, grid.dp, grid.dp_rank, cfg.accum, cfg.seed)
@@ -423,30 +423,25 @@ def train_moe(cfg: TrainConfig, dp: str, world, ctl, dataset) -> dict | None:
     progress = report.Progress(total, f"{dp} moe ep{cfg.ep}", enabled=lead and not cfg.quiet)
     metrics = report.Metrics(cfg.path_for(cfg.metrics, dp) if lead else None)
     x_all, y_all = dataset.train_x, dataset.train_y
-    compute = comm = a2a = 0.0
+    compute = comm = 0.0
     sent, loss = 0, float("nan")
-    routed = dropped = None
+    routing = RoutingTotals()
     ctl.Barrier()
     t0 = time.perf_counter()
     for step in range(total):
         mbs = [(x_all[i], y_all[i]) for i in sampler.microbatches(step)]
         stats = trainer.step(loss_fn, mbs)
         compute, comm, sent, loss = compute + stats.compute_s, comm + stats.comm_s, sent + stats.bytes_sent, stats.loss
-        a2a += stats.extra["a2a_bytes"]
-        step_routed, step_dropped = stats.extra["routed"], stats.extra["dropped"]
-        routed = step_routed if routed is None else routed + step_routed
-        dropped = step_dropped if dropped is None else dropped + step_dropped
+        routed = routing.add(cfg, dict(stats.extra, layers=len(moe_layers(model))))
         if lead:
-            metrics.write({"dp": dp, "ep": cfg.ep, "step": step + 1, "loss": report.finite(stats.loss),
-                           "aux_loss": stats.extra["aux_loss"], "routed": step_routed.tolist(),
-                           "dropped": int(step_dropped.sum()), "a2a_bytes": stats.extra["a2a_bytes"],
+            metrics.write({"dp": dp, "step": step + 1, "loss": report.finite(stats.loss), **routed,
                            "compute_s": stats.compute_s, "comm_s": stats.comm_s, "time_s": time.perf_counter() - t0})
-            progress.update(step + 1, f"loss {stats.loss:.4f} dropped {int(step_dropped.sum())}")
+            progress.update(step + 1, f"loss {stats.loss:.4f} dropped {routed['dropped']}")
     wall = time.perf_counter() - t0
     test_loss, test_acc = evaluate(model, dataset)    # every rank: the experts answer all of them
     mine = {"worker": True, "compute_s": compute, "comm_s": comm, "bytes": sent,
             "opt": optimizer_state_bytes(trainer.optimizer), "steps": total, "loss": float(loss),
-            "test_loss": test_loss, "test_acc": test_acc, "wall": wall, "a2a": a2a}
+            "test_loss": test_loss, "test_acc": test_acc, "wall": wall, "a2a": routing.a2a}
     everyone = ctl.gather(mine, root=0)
     grid.free()
     if scaler:
@@ -459,21 +454,44 @@ def train_moe(cfg: TrainConfig, dp: str, world, ctl, dataset) -> dict | None:
     row = summarize(f"{dp} ep{cfg.ep}", everyone, mine, cfg.batch_size)
     if scaler:
         row.update(loss_scale=scaler.scale, skipped_steps=scaler.skipped)
-    row.update(moe_summary(cfg, grid.dp, routed, dropped, total, len(moe_layers(model)),
-                           sum(r["a2a"] for r in everyone) / len(everyone), trainer.model_width()))
+    row.update(moe_summary(cfg, grid.dp, routing, total, sum(r["a2a"] for r in everyone) / len(everyone),
+                           trainer.model_width()))
     return row
 
 
-def moe_summary(cfg: TrainConfig, dp: int, routed, dropped, steps: int, layers: int, a2a: float, width: int,
+class RoutingTotals:
+    """A MoE run's routing figures summed over its steps: routed and dropped per expert (every
+    layer), the all-to-all bytes this rank sent, the model's number of MoE layers."""
+
+    def __init__(self):
+        self.routed = self.dropped = None
+        self.a2a, self.layers = 0.0, 0
+
+    def add(self, cfg: TrainConfig, step: dict) -> dict:
+        """Add one step's figures (psrt.train.moe's step extra, or the hybrid step's extra
+        "moe"); returns its fields of the --metrics line, the same for both."""
+        self.routed = step["routed"].clone() if self.routed is None else self.routed + step["routed"]
+        self.dropped = step["dropped"].clone() if self.dropped is None else self.dropped + step["dropped"]
+        self.a2a += step["a2a_bytes"]
+        self.layers = step["layers"]
+        return {"ep": cfg.ep, "aux_loss": step["aux_loss"], "routed": step["routed"].tolist(),
+                "dropped": int(step["dropped"].sum()), "a2a_bytes": step["a2a_bytes"]}
+
+
+def moe_summary(cfg: TrainConfig, dp: int, routing: RoutingTotals, steps: int, a2a: float, width: int,
                 layers_per_rank: float | None = None) -> dict:
     """The summary row's MoE fields: tokens routed per expert per step and layer, the dropped
     fraction, all-to-all bytes per rank and step (a2a: summed over the steps, mean of the
-    ranks) beside the uniform-routing model, 4 all-to-alls per layer of T k h 4 (EP-1)/EP bytes
-    (a pipeline rank holds layers / pp of the layers: layers_per_rank)."""
+    ranks) beside the uniform-routing model, 4 all-to-alls per layer of T k h d (EP-1)/EP bytes,
+    d the bytes of a value of the compute dtype, in which the rows travel (a pipeline rank
+    holds layers / pp of the layers: layers_per_rank)."""
     tokens = cfg.batch_size // dp * cfg.seq_len          # per rank per step
+    d = 4 if cfg.precision == "fp32" else 2
+    layers = routing.layers
     layers_per_rank = layers if layers_per_rank is None else layers_per_rank
+    routed, dropped = routing.routed, routing.dropped
     return dict(moe=True, experts=cfg.experts, ep=cfg.ep, top_k=cfg.top_k,
                 routed_per_step=(routed / steps / max(layers, 1)).tolist(),
                 dropped_frac=float(dropped.sum() / routed.sum()) if routed.sum() else 0.0,
                 a2a_bytes_per_step=a2a / steps,
-                a2a_uniform=4 * tokens * cfg.top_k * width * 4 * (cfg.ep - 1) / cfg.ep * layers_per_rank)
+                a2a_uniform=4 * tokens * cfg.top_k * width * d * (cfg.ep - 1) / cfg.ep * layers_per_rank)

@@ -38,11 +38,48 @@ def test_small_message_path_is_bitwise_the_torch_path(run_ranks, np_):
 @pytest.mark.parametrize("np_", [1, 2, 3, 4, 5, 6, 7, 8])
 def test_alltoallv_every_algorithm(run_ranks, np_):
     """Variable-size all-to-all, psrt's pairwise exchange and the MPI library's, on 1-8 ranks
-    (tests/mpi/ranks/alltoallv.py); disagreeing counts are one error naming the ranks."""
+    (tests/mpi/ranks/alltoallv.py); given counts cost no exchange but on checked calls, where
+    disagreeing, mixed or malformed counts are one error naming the ranks."""
     records = run_ranks(np_, "alltoallv.py", timeout=240).check().records()
     assert len(records) == np_
+    last = np_ - 1
     for rec in records:
         assert rec["failures"] == [], rec
-        if np_ > 1:
-            assert rec["mismatch"].startswith(f"alltoallv: counts disagree between ranks (rank {np_ - 1} sends 1 "
-                                              "rows to rank 0, which expects 2"), rec
+        # 3 calls: the signature and the counts gathered on each checked call, nothing else
+        assert rec["meta_calls"] == {"all": 6, "cheap": 2, "off": 0}, rec
+        if np_ == 1:
+            continue
+        errors = rec["errors"]
+        assert errors["pairs"].startswith(f"alltoallv: counts disagree between ranks (rank {last} sends 1 "
+                                          "rows to rank 0, which expects 2"), rec
+        assert errors["mixed"].startswith(f"collective call #2 does not match across ranks: ranks "
+                                          f"{list(range(1, np_))} differ from rank 0"), rec
+        assert "rank 0: alltoallv(algorithm=native, dtype=torch.float32, recv_counts=exchanged" in errors["mixed"]
+        assert errors["length"] == (f"alltoallv: receive counts must be {np_} non-negative numbers on every "
+                                    f"rank (rank 1: {[1] * (np_ + 1)})"), rec
+        assert errors["negative"].endswith(f"(rank {last}: {[1] * (np_ - 1) + [-1]})"), rec
+        assert all("\n" not in e for e in errors.values())
+
+
+@pytest.mark.parametrize("case", ["negative", "mixed"])
+def test_alltoallv_unchecked_bad_counts_end_the_job(run_ranks, case):
+    """With PSRT_CHECK=off nothing is gathered: negative counts on one rank are still one
+    line and the end of the job, and a rank leaving its counts to be exchanged while the
+    other gives them is named by the watchdog instead of hanging."""
+    code = ("import torch, psrt\n"
+            "from psrt.watchdog import Watchdog\n"
+            "world = psrt.init()\n"
+            "group = psrt.Communicator(world.comm)\n"
+            "Watchdog(world, [group], timeout_s=2).start()\n"
+            f"case = {case!r}\n"
+            "bad = None if case == 'mixed' else [1, -1]\n"
+            "group.alltoallv(torch.ones(2, 3), [1, 1], bad if world.rank == 1 else [1, 1])\n"
+            "group.barrier()\n")
+    run = run_ranks(2, "-c", code, timeout=120, env={"PSRT_CHECK": "off"})
+    assert run.returncode != 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    if case == "negative":
+        assert "[rank 1] psrt: error: alltoallv: receive counts [1, -1] must be 2 non-negative numbers" \
+            in run.stderr, run.stderr[-3000:]
+    else:
+        assert "psrt: watchdog: no progress for 2 s" in run.stderr, run.stderr[-3000:]
+        assert "rank 1 (" in run.stderr and "waiting in alltoallv call #1" in run.stderr, run.stderr[-3000:]

@@ -2,7 +2,7 @@
 4 ranks under MPI (tests/mpi/ranks/grid_layout.py; the pytest process itself never joins MPI)."""
 import itertools
 
-from psrt.grid import coords_of, rank_of
+from psrt.grid import coords_of, edp_ranks, ep_ranks, rank_of
 
 
 def test_every_factorisation_of_four_ranks(run_ranks):
@@ -32,3 +32,12 @@ def test_every_factorisation_of_four_ranks(run_ranks):
         assert r["first"] == (p == 0) and r["last"] == (p == pp - 1)
         assert r["pp_prev"] == (p - 1 if p > 0 else null) and r["pp_next"] == (p + 1 if p < pp - 1 else null)
         assert r["from_prev"] == (rank_of(d, p - 1, t, dp, pp, tp) if p > 0 else None)
+    # ep carved out of dp (the pure layout of tests/unit/test_grid_layout.py, under MPI)
+    ep_cases = [r for r in recs if "ep_degrees" in r]
+    assert len(ep_cases) == 4 * 4
+    assert {tuple(r["ep_degrees"]) for r in ep_cases} == {(2, 1, 2, 2), (2, 2, 1, 2), (4, 1, 1, 2), (4, 1, 1, 4)}
+    for r in ep_cases:
+        dp, pp, tp, ep = r["ep_degrees"]
+        want = ep_ranks(r["rank"], dp, pp, tp, ep)
+        assert r["ep"] == want and r["edp"] == edp_ranks(r["rank"], dp, pp, tp, ep), r
+        assert r["ep_rank"] == want.index(r["rank"]) and r["ep_sum"] == float(sum(want))

@@ -2,7 +2,7 @@
 prediction text under psrt.train's summary (psrt/train/prediction.py)."""
 import pytest
 
-from psrt.collectives.cost import Fit, link_load, wire_bytes
+from psrt.collectives.cost import Fit, link_load, predict_alltoall, wire_bytes
 from psrt.dp import traffic
 from psrt.train import prediction
 
@@ -145,3 +145,20 @@ def test_a_busy_ping_pong_is_measured_again_then_left_out(monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"psrt: no alpha-beta prediction: ping-pong times do not grow with message size; cannot "
                    f"fit beta after {prediction.ATTEMPTS} ping-pongs (a busy host?)"]
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_pairwise_alltoall_one_rank_per_host(n):
+    """(N-1) steps of one M/N block each way over every host's link."""
+    got = predict_alltoall([list(range(n))], M, list(range(n)), LINK)
+    assert got == pytest.approx((n - 1) * (LINK.alpha_s + M / n * LINK.beta_s_per_byte))
+
+
+def test_pairwise_alltoall_counts_the_busiest_link_of_each_step():
+    a, b = LINK.alpha_s, LINK.beta_s_per_byte
+    # two groups of 2 on 4 hosts at once: one step, each link carrying one block
+    assert predict_alltoall([[0, 1], [2, 3]], M, [0, 1, 2, 3], LINK) == pytest.approx(a + M / 2 * b)
+    # 4 ranks on 2 hosts of 2: steps 1 and 3 send one block of M/4 across each way, step 2 two
+    assert predict_alltoall([[0, 1, 2, 3]], M, [0, 0, 1, 1], LINK) == pytest.approx(3 * a + M * b)
+    # nothing crosses a link: no prediction
+    assert predict_alltoall([[0, 1], [2, 3]], M, [0, 0, 1, 1], LINK) is None

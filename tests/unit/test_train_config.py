@@ -59,6 +59,9 @@ def test_comma_list_of_strategies():
     (["--recompute"], "--recompute recomputes transformer blocks; --model mlp has none"),
     (["--sequence-parallel", "--model", "transformer"], "--sequence-parallel splits the sequence over the tensor-parallel ranks"),
     (["--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint"),
+    (["--model", "moe", "--algorithm", "torch"], "--algorithm torch with --model moe"),
+    (["--model", "moe", "--capacity-factor", "0"], "--capacity-factor 0.0: must be a positive number"),
+    (["--model", "moe", "--capacity-factor", "nan"], "--capacity-factor nan: must be a positive number"),
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
 ])
 def test_bad_input_is_one_line_naming_the_flag(argv, words):
@@ -80,6 +83,10 @@ def test_config_checks_hold_without_the_parser():
     ("--dp ps,ring,ps-async", 8, 112, "over 7, 8 workers"),
     ("--dp ring --accum 3", 2, 66, "x 3 micro-batches (--accum)"),
     ("--dp ring --pp 2 --tp 2 --model transformer", 12, 66, "over 3 workers"),
+    # moe on a grid: the batch splits over dp = ranks / (pp x tp), not over the ranks
+    ("--model moe --pp 2 --tp 2 --ep 3 --experts 3", 12, 66, "over 3 workers"),
+    ("--model moe --pp 2 --ep 2 --batch-size 6", 4, 6, None),
+    ("--model moe --ep 4", 4, 64, None),
 ])
 def test_the_default_batch_fits_every_strategy(argv, size, batch, says):
     cfg = parse_args(argv.split())
@@ -93,6 +100,11 @@ def test_the_default_batch_fits_every_strategy(argv, size, batch, says):
     ("--dp ring --batch-size 4", 8, "the 8 workers of --dp ring"),
     ("--dp ring --pp 3 --model transformer", 8, "process grid pp=3 x tp=1 does not divide 8 ranks"),
     ("--dp ps-sharded --servers 4", 4, "leaves no worker among 4 ranks"),
+    ("--model moe --pp 2 --ep 4", 4, "--ep 4 must divide the data-parallel degree 2: expert parallelism is "
+     "carved out of data parallelism (here 4 ranks / (--pp 2 x --tp 1))"),
+    ("--model moe --tp 2 --ep 2 --batch-size 6", 8, "--batch-size 6 does not split evenly over the 4 workers"),
+    ("--model moe --ep 3 --experts 6", 4, "--ep 3 must divide the data-parallel degree 4: expert parallelism "
+     "is carved out of data parallelism (here 4 ranks)"),
 ])
 def test_a_batch_or_layout_that_cannot_work_is_refused_before_training(argv, size, words):
     with pytest.raises(PsrtError) as err:

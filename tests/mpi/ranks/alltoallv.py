@@ -2,8 +2,11 @@
 
 Cases: counts drawn at random (the same matrix on every rank), zero counts everywhere but the
 diagonal, one rank sending all its rows to one other, rows of 3 bf16 values, counts given
-or exchanged by the call (recv_counts=None); then counts that disagree between ranks, which
-must raise CollectiveMismatch on every rank naming the pair.  Prints one PSRT-RESULT line.
+or exchanged by the call (recv_counts=None); how many metadata exchanges each check mode
+costs; then, checked, counts that disagree between ranks, a rank that leaves its counts to be
+exchanged while the others give theirs, and counts of the wrong length or negative on one
+rank, each of which must raise CollectiveMismatch on every rank naming the ranks.  Prints
+one PSRT-RESULT line.
 """
 import json
 
@@ -46,15 +49,50 @@ lopsided = torch.zeros(n, n, dtype=torch.long)
 lopsided[0][n - 1] = 50                                      # rank 0 sends everything to the last
 failures += case("one rank sends all", lopsided)
 failures += case("bf16", torch.randint(0, 4, (n, n), generator=g), torch.bfloat16)
-# Disagreeing counts: rank 0 expects one row more from the last rank than it sends.
-mismatch = None
-if n > 1:
-    counts = torch.ones(n, n, dtype=torch.long)
-    recv = counts[:, r].tolist()
-    if r == 0:
-        recv[n - 1] += 1
+class CountingComm:
+    """An mpi4py communicator that counts the exchanges made on it (psrt's metadata)."""
+
+    def __init__(self, comm):
+        self._comm, self.calls = comm, 0
+
+    def __getattr__(self, name):
+        if name in ("allgather", "alltoall", "bcast"):
+            self.calls += 1
+        return getattr(self._comm, name)
+
+
+# What checking costs: given counts travel alone except on the calls the check mode checks.
+meta_calls = {}
+for mode in ("all", "cheap", "off"):
+    g = psrt.Communicator(world.comm, check=mode)
+    g._meta = CountingComm(g._meta)
+    ones = torch.ones(n, n, dtype=torch.long)
+    for _ in range(3):
+        g.alltoallv(torch.ones(n, 3), ones[r].tolist(), ones[:, r].tolist())
+    meta_calls[mode] = g._meta.calls
+    g.close()
+
+# Errors on the calls that are checked: one CollectiveMismatch on every rank naming the ranks.
+strict = psrt.Communicator(world.comm, check="all")
+
+
+def error_of(recv) -> str | None:
     try:
-        group.alltoallv(torch.ones(n, 3), counts[r].tolist(), recv)
+        strict.alltoallv(torch.ones(n, 3), [1] * n, recv)
     except CollectiveMismatch as err:
-        mismatch = str(err)
-print("PSRT-RESULT " + json.dumps({"rank": r, "failures": failures, "mismatch": mismatch}), flush=True)
+        return str(err)
+    return None
+
+
+errors = {}
+if n > 1:
+    recv = [1] * n
+    if r == 0:
+        recv[n - 1] += 1                 # rank 0 expects one row more from the last rank than it sends
+    errors["pairs"] = error_of(recv)
+    errors["mixed"] = error_of(None if r == 0 else [1] * n)      # rank 0 has the counts exchanged
+    errors["length"] = error_of([1] * (n + 1) if r == 1 else [1] * n)
+    errors["negative"] = error_of([1] * (n - 1) + [-1] if r == n - 1 else [1] * n)
+strict.close()
+print("PSRT-RESULT " + json.dumps({"rank": r, "failures": failures, "errors": errors,
+                                   "meta_calls": meta_calls}), flush=True)

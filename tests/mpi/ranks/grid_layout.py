@@ -3,7 +3,8 @@
 For each, a rank reports its coordinates, the world ranks in each of its axis
 communicators (in axis-rank order), its pipeline neighbours, and the sum of the world
 ranks over each axis computed by the axis's psrt Communicator; the test recomputes all of
-it from the layout formula.  One PSRT-RESULT line per factorisation and rank, and one
+it from the layout formula; with every expert-parallel degree that divides dp, the ranks of
+its ep and edp groups.  One PSRT-RESULT line per factorisation (and ep) and rank, and one
 with the errors of layouts that do not fit.
 """
 import json
@@ -36,6 +37,14 @@ def main():
         rec["from_prev"] = got
         print("PSRT-RESULT " + json.dumps(rec), flush=True)
         g.free()
+        # expert parallelism at every degree that divides dp: who shares experts, who replicates them
+        for ep in (e for e in range(2, dp + 1) if dp % e == 0):
+            g = Grid(dp, pp, tp, world.comm, ep=ep)
+            print("PSRT-RESULT " + json.dumps({
+                "rank": world.rank, "ep_degrees": [dp, pp, tp, ep], "ep_rank": g.ep_rank,
+                "ep": g.ep_comm.allgather(g.rank), "edp": g.edp_comm.allgather(g.rank),
+                "ep_sum": g.ep_group.allreduce(me).item()}), flush=True)
+            g.free()
     rec = {"rank": world.rank}
     for key, make in (("mismatch", lambda: Grid(2, 2, 2, world.comm)),
                       ("build", lambda: Grid.build(world.comm, pp=3))):

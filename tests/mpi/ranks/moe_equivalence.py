@@ -8,7 +8,8 @@ the global batch (the ranks' slices in rank order), routing with token_groups = 
 rank's tokens get the same expert places and drops as in the parallel run.  Cases: top-1 and
 top-2, variable and padded dispatch, a capacity with room for every token and one that drops,
 --recompute (whose first forward records no graph for the balance loss), and fp16's loss
-scaling (the balance loss scaled alike).
+scaling (the balance loss scaled alike).  The run's balance loss is also checked against
+alpha E sum f_i P_i computed from the reference's gate logits over the whole batch.
 Prints one PSRT-RESULT line per rank.
 """
 import json
@@ -23,6 +24,7 @@ from psrt.train.moe import MoETrainer
 from psrt.grid import Grid
 from psrt.train.data import load
 from psrt.train.models import build_model
+from moe_reference import balance_loss, record_gates
 
 world = psrt.init()
 N, r = world.size, world.rank
@@ -44,18 +46,22 @@ def loss_of(model, x, y):
 
 def reference(opts):
     model = make(opts)
-    for layer in moe_layers(model):
+    layers = moe_layers(model)
+    gate_logits = record_gates(model)
+    for layer in layers:
         layer.token_groups = N
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    drops, losses = [], []
+    drops, losses, balance = [], [], []
     for idx in batches:
         opt.zero_grad()
+        gate_logits.clear()
         loss = loss_of(model, data.train_x[idx], data.train_y[idx])
         (loss + aux_loss(model)).backward()
         opt.step()
         losses.append(float(loss))
-        drops.append(sum(float(m.stats["dropped"].sum()) for m in moe_layers(model)))
-    return model, drops, losses
+        drops.append(sum(float(m.stats["dropped"].sum()) for m in layers))
+        balance.append(balance_loss(layers[0].aux_alpha, gate_logits))
+    return model, drops, losses, balance
 
 
 failures, checked = [], 0
@@ -73,7 +79,7 @@ for ep in (1, 2, 4):
         # fp16's loss scaling without autocast: scaling by 2^16 and back is exact, so the
         # result is one process's only if the balance loss is scaled alike
         scaler = LossScaler(None) if opts.pop("scaled", False) else None
-        ref, ref_drops, ref_losses = reference(opts)
+        ref, ref_drops, ref_losses, ref_balance = reference(opts)
         grid = Grid.build(world.comm, ep=ep)
         model = make(opts, recompute)
         for layer in moe_layers(model):
@@ -81,13 +87,14 @@ for ep in (1, 2, 4):
         sgd = lambda p: torch.optim.SGD(p, lr=0.5)      # noqa: E731
         trainer = MoETrainer(model, scaled_factory(sgd, scaler) if scaler else sgd, grid, algorithm="ring",
                              scaler=scaler)
-        drops, losses = [], []
+        drops, losses, balance = [], [], []
         for idx in batches:
             mine = idx[r * (B // N):(r + 1) * (B // N)]
             stats = trainer.step(lambda mb: scaler(loss_of(model, *mb)) if scaler else loss_of(model, *mb),
                                  [(data.train_x[mine], data.train_y[mine])])
             drops.append(float(stats.extra["dropped"].sum()))
             losses.append(stats.loss)
+            balance.append(stats.extra["aux_loss"])
         name = f"ep={ep} {opts} recompute={recompute} scaled={scaler is not None}"
         local = len(moe_layers(model)[0].experts)
         want = dict(ref.named_parameters())
@@ -104,6 +111,8 @@ for ep in (1, 2, 4):
             failures.append(f"{name}: dropped {drops}, one process {ref_drops}")
         if max(abs(a - b) for a, b in zip(losses, ref_losses)) > 1e-5:
             failures.append(f"{name}: losses {losses}, one process {ref_losses}")
+        if max(abs(a - b) for a, b in zip(balance, ref_balance)) > 1e-7:
+            failures.append(f"{name}: balance loss {balance}, global-batch value {ref_balance}")
         if opts["capacity_factor"] < 1 and not any(ref_drops):
             failures.append(f"{name}: the small capacity dropped nothing")
         grid.free()

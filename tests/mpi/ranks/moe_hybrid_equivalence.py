@@ -1,16 +1,20 @@
 """Rank-side: the MoE transformer on a DP x PP x TP grid with expert parallelism ends with the
-parameters and losses of one process holding every expert.
+parameters, losses, dropped counts and balance loss of one process holding every expert.
 
-usage: mpirun -np 4 python moe_hybrid_equivalence.py
+usage: mpirun -np 4 python moe_hybrid_equivalence.py   (or -np 8)
 
-Grids: pp 2 x dp 2 with ep 2, tp 2 x dp 2 with ep 2, pp 2 x tp 2; 2 micro-batches per data-
-parallel rank.  The one-process reference runs micro-batch i of every data-parallel rank as
-one batch (ranks in order), routed with token_groups = dp so that each rank's tokens get the
-places and drops they get in the parallel run, and backpropagates (loss_i + balance loss_i) / 2.
-Cases: top-1 with room for every token (with --recompute and fp16's loss scaling under the
-pipeline), top-2 with a capacity that drops tokens, padded dispatch.  Every rank checks its own shards (experts by
-their global index); grid rank 0 also checks the assembled state dict.  One PSRT-RESULT line
-per rank.
+Grids on 4 ranks: pp 2 x dp 2 with ep 2 and with ep 1, tp 2 x dp 2 with ep 2 and with ep 1,
+dp 4 with ep 2, pp 2 x tp 2; on 8 ranks: pp 2 x dp 4 with ep 2 and with ep 4.  Where ep < dp
+the expert-data-parallel group has several ranks, so the expert gradients are summed over it.
+2 micro-batches per data-parallel rank.  The one-process reference runs micro-batch i of
+every data-parallel rank as one batch (ranks in order), routed with token_groups = dp so that
+each rank's tokens get the places and drops they get in the parallel run, and backpropagates
+(loss_i + balance loss_i) / 2; its balance loss is written out again from the gates' logits
+over the whole micro-batch (moe_reference.py).  Cases: top-1 with room for every token (with
+--recompute and fp16's loss scaling under the pipeline), top-2 with a capacity that drops
+tokens, padded dispatch.  Every rank checks its own shards (experts by their global index)
+and each step's dropped count and balance loss (every layer, every rank's tokens); grid rank
+0 also checks the assembled state dict.  One PSRT-RESULT line per rank.
 """
 import json
 
@@ -25,6 +29,7 @@ from psrt.tp.model import take
 from psrt.train.data import load
 from psrt.train.hybrid import HybridConfig, HybridTrainer
 from psrt.train.models import build_model
+from moe_reference import balance_loss, record_gates
 
 world = psrt.init()
 r = world.rank
@@ -40,13 +45,15 @@ def make(opts, layers, recompute=False):
 
 def reference(opts, layers, dp, batches):
     model = make(opts, layers)
+    gate_logits = record_gates(model)
     for layer in moe_layers(model):
         layer.token_groups = dp
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    losses, drops = [], 0.0
+    losses, drops, balance = [], [], []
     for idx in batches:
         opt.zero_grad()
-        total = 0.0
+        gate_logits.clear()
+        total, dropped = 0.0, 0.0
         per_rank = idx.view(dp, MB, PER)               # rank d's micro-batch i = per_rank[d, i]
         for i in range(MB):
             rows = per_rank[:, i].reshape(-1)
@@ -54,23 +61,35 @@ def reference(opts, layers, dp, batches):
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), data.train_y[rows].reshape(-1))
             ((loss + aux_loss(model)) / MB).backward()
             total += float(loss.detach()) / MB
-            drops += sum(float(m.stats["dropped"].sum()) for m in moe_layers(model))
+            dropped += sum(float(m.stats["dropped"].sum()) for m in moe_layers(model))
         opt.step()
         losses.append(total)
-    return model, losses, drops
+        drops.append(dropped)
+        balance.append(balance_loss(moe_layers(model)[0].aux_alpha, gate_logits) / MB)
+    return model, losses, drops, balance
 
 
 failures, checked = [], 0
-CASES = [({"pp": 2, "ep": 2, "scaled": True}, {"experts": 4, "top_k": 1, "capacity_factor": 8.0}, True),
-         ({"pp": 2, "ep": 2}, {"experts": 4, "top_k": 2, "capacity_factor": 0.5}, False),
-         ({"tp": 2, "ep": 2}, {"experts": 4, "top_k": 2, "capacity_factor": 0.5, "dispatch": "padded"}, False),
-         ({"pp": 2, "tp": 2}, {"experts": 4, "top_k": 1, "capacity_factor": 8.0}, False)]
+TOP1 = {"experts": 4, "top_k": 1, "capacity_factor": 8.0}
+DROPS = {"experts": 4, "top_k": 2, "capacity_factor": 0.5}
+PADDED = {"experts": 4, "top_k": 2, "capacity_factor": 0.5, "dispatch": "padded"}
+if world.size == 8:
+    CASES = [({"pp": 2, "ep": 2}, DROPS, False),                  # edp 2 inside each stage
+             ({"pp": 2, "ep": 4, "scaled": True}, TOP1, True)]    # EP 4 on a pipeline
+else:
+    CASES = [({"pp": 2, "ep": 2, "scaled": True}, TOP1, True),
+             ({"pp": 2, "ep": 2}, DROPS, False),
+             ({"pp": 2, "ep": 1}, DROPS, False),                  # edp 2: experts replicated over dp
+             ({"tp": 2, "ep": 2}, PADDED, False),
+             ({"tp": 2, "ep": 1}, PADDED, True),
+             ({"ep": 2}, DROPS, False),                           # dp 4: ep 2 x edp 2
+             ({"pp": 2, "tp": 2}, TOP1, False)]
 for axes, opts, recompute in CASES:
     grid = Grid.build(world.comm, pp=axes.get("pp", 1), tp=axes.get("tp", 1), ep=axes.get("ep", 1))
     layers = 2
     B = grid.dp * MB * PER
     batches = [torch.randint(len(data), (B,), generator=g) for _ in range(STEPS)]
-    ref, ref_losses, ref_drops = reference(opts, layers, grid.dp, batches)
+    ref, ref_losses, ref_drops, ref_balance = reference(opts, layers, grid.dp, batches)
     dense = make(opts, layers, recompute)
     cfg = HybridConfig.for_model(dense, schedule="1f1b", microbatches=MB, dp_algorithm="ring")
     # fp16's loss scaling without autocast: exact, if the balance loss is scaled alike
@@ -78,7 +97,10 @@ for axes, opts, recompute in CASES:
     sgd = lambda p: torch.optim.SGD(p, lr=LR)      # noqa: E731
     trainer = HybridTrainer(grid, cfg, dense=dense, make_optimizer=scaled_factory(sgd, scaler) if scaler else sgd,
                             scaler=scaler)
-    losses = [trainer.step(data.train_x[idx], data.train_y[idx]).loss for idx in batches]
+    steps = [trainer.step(data.train_x[idx], data.train_y[idx]) for idx in batches]
+    losses = [s.loss for s in steps]
+    drops = [float(s.extra["moe"]["dropped"].sum()) for s in steps]
+    balance = [s.extra["moe"]["aux_loss"] for s in steps]
     name = f"{axes} {opts} recompute={recompute}"
     want = dict(ref.named_parameters())
     for pname, p in trainer.named_parameters():
@@ -89,7 +111,11 @@ for axes, opts, recompute in CASES:
             failures.append(f"{name}: {pname} ({spec[0]}) differs by {float((p - expected).abs().max()):.2e}")
     if max(abs(a - b) for a, b in zip(losses, ref_losses)) > 1e-5:
         failures.append(f"{name}: losses {losses}, one process {ref_losses}")
-    if opts["capacity_factor"] < 1 and not ref_drops:
+    if drops != ref_drops:
+        failures.append(f"{name}: dropped {drops}, one process {ref_drops}")
+    if max(abs(a - b) for a, b in zip(balance, ref_balance)) > 1e-7:
+        failures.append(f"{name}: balance loss {balance}, global-batch value {ref_balance}")
+    if opts["capacity_factor"] < 1 and not any(ref_drops):
         failures.append(f"{name}: the small capacity dropped nothing")
     state = trainer.dense_state_dict()
     if state is not None:

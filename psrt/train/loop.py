@@ -278,8 +278,11 @@ def train_all(cfg: TrainConfig, world, watchdog: bool = True) -> list[dict] | No
     found = ctl.gather(mine, root=0)
     if cfg.trace:
         tracer.write(ctl, cfg.trace, world.hostname)      # rank 0 writes the whole job's timeline
-    # Comparing strategies: the alpha-beta model of this run's link, beside the measurement.
-    link = prediction.measure(world, ctl) if len(cfg.dp_list) > 1 and cfg.pp * cfg.tp == 1 else None
+    # Comparing strategies: the alpha-beta model of this run's link, beside the measurement,
+    # or one line saying why the model does not apply.
+    compare = len(cfg.dp_list) > 1
+    not_covered = prediction.not_covered(cfg.pp, cfg.tp, cfg.model) if compare else None
+    link = prediction.measure(world, ctl) if compare and not_covered is None else None
     if dog is not None:
         dog.stop()
     ctl.Free()
@@ -288,6 +291,8 @@ def train_all(cfg: TrainConfig, world, watchdog: bool = True) -> list[dict] | No
     rows = [next(f[dp] for f in found if dp in f) for dp in cfg.dp_list]
     if link is not None:
         prediction.annotate(rows, link, cfg.servers)
+    if not_covered is not None:
+        rows[0]["no_prediction"] = not_covered
     # Each metrics file ends with its strategy's summary, the prediction included.
     for dp, row in zip(cfg.dp_list, rows):
         out = report.Metrics(cfg.path_for(cfg.metrics, dp), append=True)

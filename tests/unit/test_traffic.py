@@ -145,3 +145,14 @@ def test_a_busy_ping_pong_is_measured_again_then_left_out(monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"psrt: no alpha-beta prediction: ping-pong times do not grow with message size; cannot "
                    f"fit beta after {prediction.ATTEMPTS} ping-pongs (a busy host?)"]
+
+
+def test_runs_the_model_does_not_cover_say_why():
+    """--pp/--tp and --model moe move traffic the model does not price: one line says so
+    (psrt.train prints it under the table instead of the prediction); plain DP runs get one."""
+    assert prediction.not_covered(1, 1, "mlp") is None
+    assert prediction.not_covered(1, 1, "transformer") is None
+    for pp, tp in ((2, 1), (1, 2), (2, 2)):
+        line = prediction.not_covered(pp, tp, "transformer")
+        assert line.startswith("no alpha-beta prediction for --pp/--tp runs: ") and "\n" not in line
+    assert prediction.not_covered(1, 1, "moe").startswith("no alpha-beta prediction for --model moe: ")

@@ -20,8 +20,8 @@ from mpi4py import MPI
 from psrt.dp.base import DataParallel, StepStats
 from psrt.dp.common import optimizer_state_bytes
 from psrt.dp.ps_protocol import (TAG_DONE, TAG_PULL, TAG_PUSH, FlatParams, ModelShard, Wire,
-                                 average_in_order, broadcast_initial, check_staleness,
-                                 local_backward, now, shard_ranges, timeout_option, wait_all)
+                                 broadcast_initial, check_staleness, local_backward, now,
+                                 server_update, shard_ranges, timeout_option, wait_all)
 from psrt.dp.roles import Layout, ps_layout
 from psrt.errors import PsrtError
 
@@ -110,8 +110,7 @@ class ParameterServer(DataParallel):
             raise PsrtError(f"--dp {self.name}: rank {self.rank} called step() after finish()")
         trace = self.tracer
         t0 = now()
-        with trace.span("forward+backward", "compute", microbatches=len(microbatches)):
-            loss = local_backward(self.model, loss_fn, microbatches)
+        loss = local_backward(self.model, loss_fn, microbatches, trace)
         t1 = now()
         reqs, sent = [], 0
         for s, srv in enumerate(self.server_ranks):
@@ -132,12 +131,13 @@ class ParameterServer(DataParallel):
             wait_all(reqs, self.timeout_s, lambda p: f"--dp {self.name} worker rank {self.rank}: no "
                      f"parameters from server rank(s) {self._servers_of(reqs, p)} for step "
                      f"{self._step} after {self.timeout_s:.0f} s")
-        for s, srv in enumerate(self.server_ranks):
-            src = self._out if srv == self.rank else self._pull[s]
-            if int(src.head[0]) != self._step:
-                raise PsrtError(f"--dp {self.name} worker rank {self.rank}: server rank {srv} "
-                                f"answered step {int(src.head[0])} while this rank is at step {self._step}")
-            self.flat.load(src.data, *self.ranges[s])
+        with trace.span("load parameters", "compute"):
+            for s, srv in enumerate(self.server_ranks):
+                src = self._out if srv == self.rank else self._pull[s]
+                if int(src.head[0]) != self._step:
+                    raise PsrtError(f"--dp {self.name} worker rank {self.rank}: server rank {srv} answered "
+                                    f"step {int(src.head[0])} while this rank is at step {self._step}")
+                self.flat.load(src.data, *self.ranges[s])
         # Every server averaged the same workers' losses; shard 0's answer is the global loss.
         global_loss = float((self._out if self.server_ranks[0] == self.rank else self._pull[0]).head[1])
         self._step += 1
@@ -191,8 +191,7 @@ class ParameterServer(DataParallel):
             raise PsrtError(f"--dp {self.name} server rank {self.rank}: workers disagree on the "
                             f"step number ({listing}); did they resume from different checkpoints?")
         t0 = now()
-        with self.tracer.span("server: reduce and update", "server", workers=len(parts)):
-            self.holder.apply(average_in_order(parts, self._acc), self._out.data)
+        server_update(self.holder, parts, self._acc, self._out.data, self.tracer)
         update_s = now() - t0
         self._out.head[0] = next(iter(steps.values()))
         self._out.head[1] = sum(losses) / len(losses)          # rank order, like the gradients

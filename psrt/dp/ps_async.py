@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from psrt.dp.base import DataParallel, StepStats
 from psrt.dp.common import optimizer_state_bytes
 from psrt.dp.ps_protocol import (TAG_DONE, TAG_FINAL, TAG_PULL, TAG_PUSH, FlatParams, ModelShard,
-                                 Wire, average_in_order, broadcast_initial, local_backward, now,
-                                 probe_any, timeout_option, wait_all)
+                                 Wire, broadcast_initial, local_backward, now, probe_any,
+                                 server_update, timeout_option, wait_all)
 from psrt.dp.roles import async_layout
 from psrt.errors import PsrtError
 
@@ -168,21 +168,24 @@ class AsyncParameterServer(DataParallel):
             raise PsrtError(f"--dp ps-async: rank {self.rank} is the dedicated server; call serve()")
         if self._finished:
             raise PsrtError(f"--dp ps-async: rank {self.rank} called step() after finish()")
+        trace = self.tracer
         t0 = now()
-        loss = local_backward(self.model, loss_fn, microbatches)
+        loss = local_backward(self.model, loss_fn, microbatches, trace)
         t1 = now()
         self.flat.grads_into(self._push.data)
         self._push.head[0], self._push.head[1] = self._clock, loss
         # The pull is posted first: the push doubles as the request for parameters.
-        reqs = [self.pcomm.Irecv(self._pull.msg(), self.server_rank, TAG_PULL),
-                self.pcomm.Isend(self._push.msg(), self.server_rank, TAG_PUSH)]
-        wait_all(reqs, self.timeout_s, self._fail(f"no parameters for clock {self._clock + 1}"))
+        with trace.span("push and pull", "comm", bytes=self._push.nbytes, clock=self._clock):
+            reqs = [self.pcomm.Irecv(self._pull.msg(), self.server_rank, TAG_PULL),
+                    self.pcomm.Isend(self._push.msg(), self.server_rank, TAG_PUSH)]
+            wait_all(reqs, self.timeout_s, self._fail(f"no parameters for clock {self._clock + 1}"))
         clock, version, slowest = (int(v) for v in self._pull.head[:3])
         clock_loss = float(self._pull.head[3])
         if clock != self._clock + 1:
             raise PsrtError(f"--dp ps-async worker rank {self.rank}: the server answered clock "
                             f"{clock}, expected {self._clock + 1}")
-        self.flat.load(self._pull.data)
+        with trace.span("load parameters", "compute", version=version):
+            self.flat.load(self._pull.data)
         self._clock = clock
         total = now() - t0
         # version: clocks applied in the parameters this worker now holds; it computes clock
@@ -235,31 +238,40 @@ class AsyncParameterServer(DataParallel):
 
     def _handle_one(self) -> None:
         """Receive one message (push or DONE), apply what became complete, answer pulls."""
-        table, out, totals = self.table, self._out, self.server_totals
-        st = probe_any(self.pcomm, self.timeout_s, lambda: (
-            f"--dp ps-async server rank {self.rank}: no message for {self.timeout_s:.0f} s from "
-            f"active workers {sorted(table.active)} (clocks "
-            f"{ {w: table.clock[w] for w in sorted(table.active)} })"))
-        src, tag = st.Get_source(), st.Get_tag()
-        if tag == TAG_PUSH:
-            wire = self._spare.pop() if self._spare else Wire(self.flat.numel, self.flat.dtype)
-            self.pcomm.Recv(wire.msg(), src, TAG_PUSH)
-            totals["bytes_received"] += wire.nbytes
-            table.push(src, int(wire.head[0]), wire)
-        elif tag == TAG_DONE:
-            self.pcomm.Recv(self._head.head_msg(), src, TAG_DONE)
-            table.retire(src, int(self._head.head[0]))
-        else:
-            raise PsrtError(f"--dp ps-async server rank {self.rank}: unexpected tag {tag} from rank {src}")
+        table, out, totals, trace = self.table, self._out, self.server_totals, self.tracer
+        with trace.span("server: wait for pushes", "wait", workers=len(table.active)):
+            st = probe_any(self.pcomm, self.timeout_s, lambda: (
+                f"--dp ps-async server rank {self.rank}: no message for {self.timeout_s:.0f} s from "
+                f"active workers {sorted(table.active)} (clocks "
+                f"{ {w: table.clock[w] for w in sorted(table.active)} })"))
+            src, tag = st.Get_source(), st.Get_tag()
+            if tag == TAG_PUSH:
+                wire = self._spare.pop() if self._spare else Wire(self.flat.numel, self.flat.dtype)
+                self.pcomm.Recv(wire.msg(), src, TAG_PUSH)
+                totals["bytes_received"] += wire.nbytes
+                table.push(src, int(wire.head[0]), wire)
+            elif tag == TAG_DONE:
+                self.pcomm.Recv(self._head.head_msg(), src, TAG_DONE)
+                table.retire(src, int(self._head.head[0]))
+            else:
+                raise PsrtError(f"--dp ps-async server rank {self.rank}: unexpected tag {tag} from rank {src}")
         for _clock, wires in table.complete():
             t0 = now()
-            self.holder.apply(average_in_order([w.data for w in wires], self._acc), out.data)
+            server_update(self.holder, [w.data for w in wires], self._acc, out.data, trace)
             self._last_loss = sum(float(w.head[1]) for w in wires) / len(wires)
             totals["update_s"] += now() - t0
             totals["clocks_applied"] += 1
             self._spare.extend(wires)
         slowest = table.min_clock()
-        for w in table.releasable():
+        released = table.releasable()
+        if released:
+            with trace.span("server: send parameters", "server", workers=released):
+                self._release(released, slowest)
+
+    def _release(self, workers: list[int], slowest: int) -> None:
+        """Send the current parameters to each worker SSP lets go on."""
+        table, out, totals = self.table, self._out, self.server_totals
+        for w in workers:
             lead = table.clock[w] - slowest
             totals["max_lead"] = max(totals["max_lead"], lead)
             totals["pulls"] += 1

@@ -118,7 +118,7 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
     if cfg.pp * cfg.tp != 1:   # model parallelism
         return train_hybrid(cfg, dp, world, ctl, dataset, tracer)
     if cfg.model == "moe":     # expert parallelism
-        return train_moe(cfg, dp, world, ctl, dataset)
+        return train_moe(cfg, dp, world, ctl, dataset, tracer)
     group = psrt.Communicator(world.comm, algorithm="auto", tracer=tracer)
     if dog is not None:
         dog.watch(group)
@@ -326,7 +326,8 @@ def check_hybrid(cfg: TrainConfig, dp: str) -> None:
 def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer = OFF) -> dict | None:
     """Train with a DP x PP x TP grid; returns the summary row on grid rank 0, else None."""
     check_hybrid(cfg, dp)
-    grid = Grid.build(world.comm, pp=cfg.pp, tp=cfg.tp, ep=cfg.ep)
+    # the grid's communicators record the DP and TP collectives into the timeline
+    grid = Grid.build(world.comm, pp=cfg.pp, tp=cfg.tp, ep=cfg.ep, tracer=tracer)
     torch.manual_seed(cfg.seed)
     moe = moe_options(cfg) if cfg.model == "moe" else {}
     model = build_model("moe" if moe else "transformer", dataset, cfg.width, cfg.layers, cfg.recompute, **moe)
@@ -349,7 +350,8 @@ def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer 
     t0 = time.perf_counter()
     for step in range(total):
         idx = sampler.global_indices(step)
-        stats = trainer.step(dataset.train_x[idx], dataset.train_y[idx])
+        with tracer.span("step", "step", step=step + 1):
+            stats = trainer.step(dataset.train_x[idx], dataset.train_y[idx])
         compute, comm, sent, loss = compute + stats.compute_s, comm + stats.comm_s, sent + stats.bytes_sent, stats.loss
         if moe:
             routing.append(stats.extra["moe"])
@@ -405,12 +407,12 @@ def moe_options(cfg: TrainConfig) -> dict:
             "aux_alpha": cfg.aux_weight, "dispatch": cfg.moe_dispatch}
 
 
-def train_moe(cfg: TrainConfig, dp: str, world, ctl, dataset) -> dict | None:
+def train_moe(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer = OFF) -> dict | None:
     """Train --model moe; returns the summary row (with the routing) on rank 0, else None."""
     from psrt.ep.layer import moe_layers
     from psrt.train.moe import MoETrainer
     from psrt.train.config import MOE_DP
-    grid = Grid.build(world.comm, ep=cfg.ep)
+    grid = Grid.build(world.comm, ep=cfg.ep, tracer=tracer)
     torch.manual_seed(cfg.seed)
     model = build_model("moe", dataset, cfg.width, cfg.layers, cfg.recompute, **moe_options(cfg))
     for layer in moe_layers(model):
@@ -432,7 +434,8 @@ def train_moe(cfg: TrainConfig, dp: str, world, ctl, dataset) -> dict | None:
     t0 = time.perf_counter()
     for step in range(total):
         mbs = [(x_all[i], y_all[i]) for i in sampler.microbatches(step)]
-        stats = trainer.step(loss_fn, mbs)
+        with tracer.span("step", "step", step=step + 1):
+            stats = trainer.step(loss_fn, mbs)
         compute, comm, sent, loss = compute + stats.compute_s, comm + stats.comm_s, sent + stats.bytes_sent, stats.loss
         a2a += stats.extra["a2a_bytes"]
         step_routed, step_dropped = stats.extra["routed"], stats.extra["dropped"]

@@ -90,6 +90,8 @@ class Grid:
         comm: an mpi4py communicator, usually `world.comm` (psrt's own Dup; never
             COMM_WORLD itself, so grid traffic cannot meet the user's).
         algorithm: default algorithm of the psrt Communicators over each axis.
+        tracer: a psrt.trace.Tracer every axis's Communicator records its collectives into
+            (default: none), so a timeline holds the DP, TP and expert collectives too.
 
     Attributes (set on construction):
         rank, size: in `comm`.  dp_rank, pp_rank, tp_rank: coordinates.
@@ -111,6 +113,7 @@ class Grid:
     comm: object = field(repr=False)
     algorithm: str = "auto"
     ep: int = 1
+    tracer: object = field(default=None, repr=False)
     rank: int = field(init=False)
     size: int = field(init=False)
     dp_rank: int = field(init=False)
@@ -149,24 +152,23 @@ class Grid:
         # Shift along the pipeline axis of the 1-d pp communicator: PROC_NULL at the ends.
         self.pp_prev = self.pp_rank - 1 if self.pp_rank > 0 else MPI.PROC_NULL
         self.pp_next = self.pp_rank + 1 if self.pp_rank < self.pp - 1 else MPI.PROC_NULL
-        self.dp_group = Communicator(self.dp_comm, algorithm=self.algorithm)
-        self.pp_group = Communicator(self.pp_comm, algorithm=self.algorithm)
-        self.tp_group = Communicator(self.tp_comm, algorithm=self.algorithm)
+        def group(comm):
+            return Communicator(comm, algorithm=self.algorithm, tracer=self.tracer)
+        self.dp_group, self.pp_group, self.tp_group = group(self.dp_comm), group(self.pp_comm), group(self.tp_comm)
         check_ep(self.ep, self.dp)
         # the layout of ep_ranks and edp_ranks (tests/mpi/test_grid.py checks the two agree)
         self.ep_rank = self.dp_rank % self.ep
         self.ep_comm = self.dp_comm.Split(self.dp_rank // self.ep, key=self.dp_rank)
         self.edp_comm = self.dp_comm.Split(self.ep_rank, key=self.dp_rank)
-        self.ep_group = Communicator(self.ep_comm, algorithm=self.algorithm)
-        self.edp_group = Communicator(self.edp_comm, algorithm=self.algorithm)
+        self.ep_group, self.edp_group = group(self.ep_comm), group(self.edp_comm)
 
     @classmethod
     def build(cls, comm, pp: int = 1, tp: int = 1, dp: int | None = None,
-              algorithm: str = "auto", ep: int = 1) -> "Grid":
+              algorithm: str = "auto", ep: int = 1, tracer=None) -> "Grid":
         """A grid over `comm` with dp inferred (world size / (pp * tp)) when not given."""
         from psrt.collectives.layout import require_mpi_comm
         size = require_mpi_comm(comm, "Grid.build").Get_size()
-        return cls(infer_dp(size, pp, tp) if dp is None else dp, pp, tp, comm, algorithm, ep)
+        return cls(infer_dp(size, pp, tp) if dp is None else dp, pp, tp, comm, algorithm, ep, tracer)
 
     @property
     def is_first_stage(self) -> bool:

@@ -26,11 +26,24 @@ BUS_FACTOR = {
 }
 RAW = "mpi4py"  # the MPI library called directly on a NumPy buffer, without psrt's API around it
 HOROVOD = "horovod"  # horovod.torch's allreduce (op Sum) on the same tensor; needs hvd.init() first
-# psrt's all-reduce schedules written directly in mpi4py over NumPy arrays, called bare (no
-# Communicator, no tensors): the floor each psrt algorithm's per-call cost is measured against.
-FLOORS = {"mpi4py-ring": "ring", "mpi4py-doubling": "doubling",
-          "mpi4py-halving-doubling": "halving-doubling", "mpi4py-tree": "tree", "mpi4py-ps": "ps"}
+# Each psrt all-reduce schedule written directly in mpi4py over NumPy arrays by a program
+# without psrt (psrt/bench/floors.py): the floor each psrt algorithm's per-call cost is
+# measured against.
+FLOORS = {f"mpi4py-{name}": name for name in ("ring", "doubling", "halving-doubling", "tree", "ps")}
 PEERS = (RAW, HOROVOD) + tuple(FLOORS)  # allreduce only; floors by default, the others by name
+# How an all-reduce is called (--calls), each beside its floor called the same way: into a
+# held result (out, the default), in place (inplace), into a fresh result (new), or in place,
+# non-blocking and waited on, as DDP's buckets are (async); persistent: in place on a
+# Communicator whose ready calls use persistent requests (psrt only; its floor is inplace's).
+# Row names: ALGORITHM+CALL.
+CALLS = ("out", "inplace", "new", "async", "persistent")
+FLOOR_CALL = {"persistent": "inplace"}
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """("ring", "async") for "ring+async"; the call is "out" without a suffix."""
+    base, _, call = name.partition("+")
+    return base, call or "out"
 
 
 @dataclass
@@ -69,46 +82,62 @@ def size_sweep(lo: int, hi: int, step: int = 2) -> list[int]:
     return out
 
 
-def _floor(comm, algorithm: str, x: torch.Tensor, out: torch.Tensor):
-    """A call of the floor `algorithm` on NumPy views of x and out made once, as a program
-    written in mpi4py would hold its arrays: copy the input, run the schedule."""
-    import numpy as np
+def against_floors(rows: list[dict]) -> None:
+    """Add vs_floor to each all-reduce row of psrt's with a floor called the same way in the
+    same run (time over the floor's: the cost of psrt's call over its bare schedule), and to
+    an async row vs_sync_floor, its time over the blocking in-place floor's."""
+    floor = {(r["world_size"], r["algorithm"], r["nbytes"]): r["time_us"]
+             for r in rows if split_name(r["algorithm"])[0] in FLOORS}
+    for r in rows:
+        if r["collective"] != "allreduce" or split_name(r["algorithm"])[0] in FLOORS:
+            continue
+        base, call = split_name(r["algorithm"])
+        same = FLOOR_CALL.get(call, call)
+        own = floor.get((r["world_size"], f"mpi4py-{base}" + ("" if same == "out" else f"+{same}"), r["nbytes"]))
+        r["vs_floor"] = r["time_us"] / own if own else None
+        if call == "async":
+            sync = floor.get((r["world_size"], f"mpi4py-{base}+inplace", r["nbytes"]))
+            r["vs_sync_floor"] = r["time_us"] / sync if sync else None
 
-    from psrt.collectives import small
-    from psrt.transport import np_view
-    src, a = np_view(x), np_view(out)
-    tmp, fn = np.empty_like(a), small.ALLREDUCE[FLOORS[algorithm]]
 
-    def call():
-        np.copyto(a, src)
-        fn(comm, a, tmp, np.add)
-        return out
-    return call
-
-
-def _call(group: Communicator, collective: str, algorithm: str, x: torch.Tensor, out: torch.Tensor,
-          floors: dict | None = None):
-    if floors and algorithm in floors:
-        return floors[algorithm]()
-    if algorithm == RAW:
+def caller(group: Communicator, collective: str, name: str, x: torch.Tensor, out: torch.Tensor,
+           own: torch.Tensor, worker=None, twin: Communicator | None = None):
+    """A zero-argument call of row `name` (an algorithm, a peer or a floor, +CALL for an
+    all-reduce called another way) made once: x is the input, out a held result, own the
+    buffer of in-place calls; worker runs the async floors, twin is the Communicator with
+    persistent requests."""
+    base, call = split_name(name)
+    if call == "persistent":
+        group, call = twin, "inplace"
+    if base in FLOORS:
+        from psrt.bench import floors
+        from psrt.transport import np_view
+        into = np_view(own if call in ("inplace", "async") else out)
+        fn = floors.call(group.comm, FLOORS[base], call, np_view(x) if call in ("out", "new") else into,
+                         into, worker)
+        return lambda: torch.from_numpy(fn())
+    if base == RAW:
         from mpi4py import MPI
 
         from psrt.transport import np_view
-        group.comm.Allreduce(np_view(x), np_view(out), MPI.SUM)
-        return out
-    if algorithm == HOROVOD:
+        src, dst = np_view(x), np_view(out)
+        return lambda: group.comm.Allreduce(src, dst, MPI.SUM) or out
+    if base == HOROVOD:
         import horovod.torch as hvd
         # Out of place, as users call it: horovod allocates the result tensor itself.
-        return hvd.allreduce(x, op=hvd.Sum, name="psrt.bench.allreduce")
+        return lambda: hvd.allreduce(x, op=hvd.Sum, name="psrt.bench.allreduce")
     if collective == "allreduce":
-        return group.allreduce(x, out=out, algorithm=algorithm)
+        return {"out": lambda: group.allreduce(x, out=out, algorithm=base),
+                "inplace": lambda: group.allreduce(own, out=own, algorithm=base),
+                "new": lambda: group.allreduce(x, algorithm=base),
+                "async": lambda: group.allreduce(own, out=own, algorithm=base, async_op=True).wait()}[call]
     if collective == "reduce_scatter":
-        return group.reduce_scatter(x, algorithm=algorithm)
+        return lambda: group.reduce_scatter(x, algorithm=base)
     if collective == "allgather":
-        return group.allgather(x, out=out, algorithm=algorithm)
+        return lambda: group.allgather(x, out=out, algorithm=base)
     if collective == "broadcast":
-        return group.broadcast(x, root=0, algorithm=algorithm)
-    return group.reduce(x, root=0, algorithm=algorithm)
+        return lambda: group.broadcast(x, root=0, algorithm=base)
+    return lambda: group.reduce(x, root=0, algorithm=base)
 
 
 def _wrong(group: Communicator, collective: str, result, n: int) -> int:
@@ -137,17 +166,27 @@ def measure(group: Communicator, collective: str, algorithms: list[str], nbytes:
     x = torch.full((numel,), float(rank + 1), dtype=dtype)
     out = torch.empty(numel * (n if collective == "allgather" else 1), dtype=dtype)
     fresh = x.clone()
-    floors = {a: _floor(group.comm, a, x, out) for a in algorithms if a in FLOORS}
+    worker = None
+    if any(a in FLOORS for a in (split_name(a)[0] for a in algorithms if split_name(a)[1] == "async")):
+        from psrt.bench.floors import Worker
+        worker = Worker()
+    own = {a: x.clone() for a in algorithms}     # each in-place row reduces its own buffer
+    twin = None
+    if any(split_name(a)[1] == "persistent" for a in algorithms):
+        twin = Communicator(group.comm, persistent=True)
+    calls = {a: caller(group, collective, a, x, out, own[a], worker, twin) for a in algorithms}
     wrong, iters = {}, {}
     for algo in algorithms:
         x.copy_(fresh)
-        wrong[algo] = group.comm.allreduce(_wrong(group, collective, _call(group, collective, algo, x, out, floors), n))
+        own[algo].copy_(fresh)
+        wrong[algo] = group.comm.allreduce(_wrong(group, collective, calls[algo](), n))
         x.copy_(fresh)
+        own[algo].zero_()      # in-place rows sum it again and again: zeros cannot overflow
         for _ in range(warmup):
-            _call(group, collective, algo, x, out, floors)
+            calls[algo]()
         # Iterations so one timed loop lasts about min_time_s (rank 0 decides for all).
         t0 = time.perf_counter()
-        _call(group, collective, algo, x, out, floors)
+        calls[algo]()
         iters[algo] = group.comm.bcast(max(1, min(1000, int(min_time_s / max(time.perf_counter() - t0, 1e-7)))), root=0)
     slow = {a: [] for a in algorithms}
     fast = {a: [] for a in algorithms}
@@ -155,11 +194,16 @@ def measure(group: Communicator, collective: str, algorithms: list[str], nbytes:
         for algo in algorithms:
             group.comm.Barrier()
             t0 = time.perf_counter()
+            call = calls[algo]
             for _ in range(iters[algo]):
-                _call(group, collective, algo, x, out, floors)
+                call()
             times = group.comm.allgather((time.perf_counter() - t0) / iters[algo])
             slow[algo].append(max(times))
             fast[algo].append(min(times))
+    if worker is not None:
+        worker.close()
+    if twin is not None:
+        twin.close()
     total = numel * esize * (n if collective == "allgather" else 1)
     points = []
     for algo in algorithms:
@@ -172,7 +216,9 @@ def measure(group: Communicator, collective: str, algorithms: list[str], nbytes:
 
 
 def algorithms_for(collective: str, requested: list[str] | None, torch_ready: bool,
-                   dtype: torch.dtype = torch.float32) -> list[str]:
+                   dtype: torch.dtype = torch.float32, calls=("out",)) -> list[str]:
+    """The rows to time: the requested names (default: every algorithm, auto and the floors)
+    that apply, each psrt algorithm and floor of an all-reduce once per call in `calls`."""
     from psrt.collectives.small import DTYPES
     names = list(requested) if requested else list(ALGORITHMS[collective]) + ["auto"] + list(FLOORS)
     names = [a for a in names if a == "auto" or a in PEERS or a in ALGORITHMS[collective]]
@@ -182,6 +228,10 @@ def algorithms_for(collective: str, requested: list[str] | None, torch_ready: bo
         names = [a for a in names if a not in PEERS]
     if dtype not in DTYPES:     # NumPy has no bfloat16, and its float16 is not torch's
         names = [a for a in names if a not in FLOORS]
+    if collective == "allreduce":
+        names = [a if call == "out" else f"{a}+{call}" for a in names
+                 for call in (calls if a not in (RAW, HOROVOD) else ("out",))
+                 if not (a in FLOORS and call in FLOOR_CALL)]
     # native first: every other row is compared with it
     return sorted(names, key=lambda a: a != "native")
 
@@ -210,6 +260,11 @@ def add_arguments(c) -> None:
                    help="comma list (default: all for the collective, plus auto); 'mpi4py' adds the "
                         "MPI library called directly, without psrt's API; 'horovod' adds "
                         "horovod's allreduce (scripts/install_horovod.sh)")
+    c.add_argument("--calls", default="out",
+                   help="comma list of how psrt's all-reduces (and their floors) are called: out "
+                        "(into a held result, default), inplace, new (a fresh result per call), async "
+                        "(in place, non-blocking, waited on), persistent (in place, with persistent "
+                        "requests; its floor is inplace's): rows ALGORITHM+CALL")
     add_size_arguments(c, "4", "64MiB")
     c.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"])
     c.add_argument("--warmup", type=int, default=3)
@@ -240,6 +295,9 @@ def check(args) -> None:
         bad = [a for a in args.algorithms.split(",") if a not in ALL_ALGORITHMS + PEERS]
         need(not bad, f"--algorithms {args.algorithms}: unknown {', '.join(bad)} "
                       f"(choose from {', '.join(ALL_ALGORITHMS + PEERS)})")
+    bad = [c for c in args.calls.split(",") if c not in CALLS]
+    need(not bad, f"--calls {','.join(bad)}: choose from {', '.join(CALLS)}")
+    args.calls = args.calls.split(",")
 
 
 def command(args) -> int:
@@ -263,7 +321,7 @@ def command(args) -> int:
     phases = [None] if wanted is None else \
         [p for p in ([a for a in wanted if a != HOROVOD], [a for a in wanted if a == HOROVOD]) if p]
     plan = [(algos, c, s) for algos in phases for c in args.collective.split(",") for s in sizes
-            if algorithms_for(c, algos, torch_ready, dtype)]
+            if algorithms_for(c, algos, torch_ready, dtype, args.calls)]
     progress = Progress(len(plan), f"bench np={world.size}", enabled=world.rank == 0 and not args.quiet,
                         unit="points")
     points, hvd = [], None
@@ -271,8 +329,8 @@ def command(args) -> int:
         if algos == [HOROVOD] and hvd is None:
             from psrt.dp.horovod import init_horovod
             hvd = init_horovod(group)
-        points += measure(group, coll, algorithms_for(coll, algos, torch_ready, dtype), size, dtype,
-                             warmup=args.warmup, repeats=args.repeats)
+        points += measure(group, coll, algorithms_for(coll, algos, torch_ready, dtype, args.calls), size,
+                          dtype, warmup=args.warmup, repeats=args.repeats)
         progress.update(i, f"{coll} {fmt_bytes(size)}")
     if hvd is not None:
         hvd.shutdown()
@@ -283,25 +341,25 @@ def command(args) -> int:
         group.close()
         return 0
     native = {(r["collective"], r["nbytes"]): r["time_us"] for r in rows if r["algorithm"] == "native"}
-    floor = {(r["algorithm"], r["nbytes"]): r["time_us"] for r in rows if r["algorithm"] in FLOORS}
     for r in rows:
         base = native.get((r["collective"], r["nbytes"]))
         r["vs_native"] = base / r["time_us"] if base else None   # >1: faster than the MPI library
-        own = floor.get((f"mpi4py-{r['algorithm']}", r["nbytes"])) if r["collective"] == "allreduce" else None
-        r["vs_floor"] = r["time_us"] / own if own else None      # psrt's cost over its own schedule's
         r["size"] = fmt_bytes(r["nbytes"])
+    against_floors(rows)
     wrong = sum(r["wrong"] for r in rows)
     if not args.quiet:
         print(f"# psrt collectives: N={world.size} ranks on {world.num_nodes} host(s), dtype {args.dtype}; "
               f"time = median of {args.repeats} loops, slowest rank; x native = native time / time; "
-              f"x own floor = time / time of the same schedule in bare mpi4py (mpi4py-ALGORITHM)")
+              f"x own floor = time / time of the same schedule in bare mpi4py called the same way "
+              f"(mpi4py-ALGORITHM[+CALL]); x sync floor: an async row over the blocking floor's time")
         for coll in dict.fromkeys(r["collective"] for r in rows):
             print(f"\n## {coll}")
             report.table([r for r in rows if r["collective"] == coll], [
                 ("size", "size", ""), ("algorithm", "algorithm", ""), ("time_us", "time(us)", ".1f"),
                 ("time_min_us", "fastest rank(us)", ".1f"), ("algbw_gbs", "algbw(GB/s)", ".3f"),
                 ("busbw_gbs", "busbw(GB/s)", ".3f"), ("wrong", "#wrong", "d"), ("vs_native", "x native", ".2f"),
-                ("vs_floor", "x own floor", ".2f")])
+                ("vs_floor", "x own floor", ".2f")]
+                + ([("vs_sync_floor", "x sync floor", ".2f")] if any(r.get("vs_sync_floor") for r in rows) else []))
         print(f"\n# {wrong} wrong elements in all")
     meta = {"world_size": world.size, "num_nodes": world.num_nodes, "dtype": args.dtype,
             "mpi": report.mpi_version(), "host": world.hostname}

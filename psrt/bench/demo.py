@@ -69,7 +69,7 @@ def command(args) -> int:
         return done.returncode
     png = Path(args.out) / "ps_vs_ring.png"
     runs = read_runs(Path(args.out) / "metrics.jsonl", ("ps", "ring"))
-    print("\n" + verdict(runs))
+    print("\n" + verdict(runs, emulate))
     if plot(runs, png):
         print(f"psrt demo: wrote {png} (loss curves; step time split, predicted beside measured)")
     from psrt.trace.__main__ import draw, load
@@ -100,14 +100,38 @@ def step_s(run: dict) -> float:
     return run["summary"]["wall_s"] / max(run["summary"]["steps"], 1)
 
 
-def verdict(runs: dict) -> str:
-    """The demo's two numbers: the ring's step against the server's, and against the model."""
+# The demo's goals: the ring's step at most half the server's, and within 20% of the
+# alpha-beta model's prediction (psrt.train.prediction), on the emulated hosts.
+RING_OVER_PS = 0.5
+PREDICTION_WITHIN = 0.20
+
+
+def goals(runs: dict, emulated: bool = True) -> list[dict]:
+    """The demo's goals as measured (goal, value, ok): ok is None where they do not apply
+    (local ranks share memory, not a link; no prediction was made)."""
+    ps, ring = step_s(runs["ps"]), step_s(runs["ring"])
+    where = "" if emulated else " (judged on emulated hosts only: these were local ranks)"
+    out = [{"goal": f"ring step <= {RING_OVER_PS:g}x the parameter server's{where}",
+            "value": f"{ring / ps:.2f}x", "ok": ring <= RING_OVER_PS * ps if emulated else None}]
+    predicted = runs["ring"]["summary"].get("pred_step_s")
+    miss = ring / predicted - 1 if predicted else None
+    out.append({"goal": f"ring step within {PREDICTION_WITHIN:.0%} of the alpha-beta prediction{where}",
+                "value": f"{miss:+.0%}" if predicted else "no prediction was made",
+                "ok": abs(miss) <= PREDICTION_WITHIN if predicted and emulated else None})
+    return out
+
+
+def verdict(runs: dict, emulated: bool = True) -> str:
+    """The demo's two numbers (the ring's step against the server's, and against the model)
+    and its goals, met or missed."""
+    from psrt.bench.report import status
     ps, ring = step_s(runs["ps"]), step_s(runs["ring"])
     text = f"psrt demo: ring step {ring * 1e3:.0f} ms = {ring / ps:.2f}x the parameter server's {ps * 1e3:.0f} ms"
     predicted = runs["ring"]["summary"].get("pred_step_s")
     if predicted:
         text += f"; the alpha-beta model predicted {predicted * 1e3:.0f} ms ({ring / predicted - 1:+.0%})"
-    return text
+    lines = [text] + [f"psrt demo: goal {status(g)}: {g['goal']}: {g['value']}" for g in goals(runs, emulated)]
+    return "\n".join(lines)
 
 
 def plot(runs: dict, path: Path) -> bool:

@@ -10,6 +10,14 @@ own timeline (HOROVOD_TIMELINE, Chrome-trace JSON written by rank 0) times each 
 phases; this command reads it back and splits the mean call into negotiation, fusion copies,
 MPI_Allreduce and the rest (queueing, thread hand-off, the result's allocation).
 
+One tensor per call never fills the fusion buffer, so the command also times a training
+step's worth of calls: every gradient of a model (--grads, a transformer's 54 tensors by
+default) handed to Horovod at once, as hvd.DistributedOptimizer does, and waited on.  Horovod
+fuses what is ready in a cycle into one MPI_Allreduce; its timeline, merged over the tensors,
+says how much of the step each phase takes and how many fused calls a step makes.  Beside it,
+psrt does what its ring DDP does with a bucket: the gradients copied into one flat buffer,
+all-reduced by psrt's ring (and by the MPI library), and copied back.
+
 Psrt and the MPI library are timed first and Horovod last, in a phase of its own: Horovod's
 thread negotiates every cycle even when idle, which would slow what runs beside it.
 """
@@ -29,16 +37,72 @@ PHASES = ("NEGOTIATE_ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "MPI_ALLREDUCE", "ME
 def add_arguments(p) -> None:
     p.add_argument("--sizes", default="4MiB,16MiB", help="comma list of message sizes (default: 4MiB,16MiB)")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--grads", default="transformer", choices=sorted(GRADS) + ["none"],
+                   help="also all-reduce this model's gradient list per step, one tensor per parameter "
+                        "(default: transformer, 4 blocks of dim 256); none: single tensors only")
     p.add_argument("--json", help="write the rows as JSON")
     p.add_argument("--quiet", action="store_true")
+
+
+# Models whose gradient lists the many-tensor row all-reduces (psrt.train.models).
+GRADS = {"transformer": dict(vocab=96, dim=256, layers=4, heads=4, max_len=64),
+         "mlp": dict(hidden=1024, depth=2)}
+GRAD_NAME = "psrt.grad."      # Horovod's names of those tensors: psrt.grad.0, psrt.grad.1, ...
+
+
+def gradient_list(model: str, value: float) -> list:
+    """One tensor per parameter of `model`, each filled with `value` (rank + 1: the sum over
+    N ranks is known)."""
+    import torch
+
+    from psrt.train import models
+    if model == "mlp":
+        net = models.MLP(64, 10, **GRADS["mlp"])
+    else:
+        net = models.TransformerLM(**GRADS["transformer"])
+    return [torch.full_like(p, value, requires_grad=False) for p in net.parameters()]
+
+
+def _events(path: Path) -> list[dict]:
+    text = path.read_text().strip().rstrip(",")
+    return json.loads(text if text.endswith("]") else text + "]")
+
+
+def merged_phases(path: Path, tensors: str) -> dict[str, tuple[float, int]]:
+    """{phase: (us covered, intervals)} over every tensor whose name holds `tensors` (Horovod
+    names a row "allreduce.NAME"), the intervals of a phase merged across tensors: a fused
+    MPI_Allreduce appears on each of its tensors' rows, and counts once."""
+    events = _events(path)
+    names = {e["pid"]: e["args"].get("name", "") for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    stacks: dict = {}
+    spans: dict = {}
+    for e in events:
+        pid, ph = e.get("pid"), e.get("ph")
+        if tensors not in names.get(pid, ""):
+            continue
+        if ph == "B":
+            stacks.setdefault(pid, []).append((e["name"], e["ts"]))
+        elif ph == "E" and stacks.get(pid):
+            name, start = stacks[pid].pop()
+            spans.setdefault(name, []).append((start, e["ts"]))
+    out = {}
+    for name, intervals in spans.items():
+        covered, count, end = 0.0, 0, None
+        for lo, hi in sorted(intervals):
+            if end is None or lo > end:
+                covered, count, end = covered + hi - lo, count + 1, hi
+            elif hi > end:
+                covered, end = covered + hi - end, hi
+        out[name] = (covered, count)
+    return out
 
 
 def read_timeline(path: Path) -> dict[str, dict[str, list[float]]]:
     """{shape: {phase: [durations in us]}} from Horovod's timeline.  Events are B/E pairs
     nested per tensor (pid); the shape is on the E of ALLREDUCE, so the phases seen since the
     last ALLREDUCE of a tensor (its negotiation included) belong to that shape."""
-    text = path.read_text().strip().rstrip(",")
-    events = json.loads(text if text.endswith("]") else text + "]")
+    events = _events(path)
     stacks: dict = {}
     pending: dict = {}
     out: dict = {}
@@ -72,17 +136,25 @@ def command(args) -> int:
     world = psrt.init()
     group = psrt.Communicator(world.comm)
     points = [p for s in sizes for p in measure(group, "allreduce", ["native", "ring"], s, repeats=args.repeats)]
+    grads = gradient_list(args.grads, world.rank + 1.0) if args.grads != "none" else None
+    steps = {}
+    if grads is not None:
+        for algorithm in ("ring", "native"):
+            steps[algorithm] = time_steps(world.comm, grads, bucket_step(group, grads, algorithm), args.repeats)
     # The timeline goes to a folder rank 0 made; Horovod reads the variable at init.
     folder = group.comm.bcast(tempfile.mkdtemp(prefix="psrt-hvd-") if world.rank == 0 else None, root=0)
     timeline = Path(folder) / "timeline.json"
     os.environ["HOROVOD_TIMELINE"] = str(timeline)
     hvd = init_horovod(group)
     points += [p for s in sizes for p in measure(group, "allreduce", [HOROVOD], s, repeats=args.repeats)]
+    if grads is not None:
+        steps[HOROVOD] = time_steps(world.comm, grads, horovod_step(hvd, grads), args.repeats)
     hvd.shutdown()
     group.close()
     if world.rank != 0:
         return 0
     phases = read_timeline(timeline)
+    many = merged_phases(timeline, GRAD_NAME) if grads is not None else None
     shutil.rmtree(folder, ignore_errors=True)
     at = {(p.algorithm, p.nbytes): p for p in points}
     rows = []
@@ -117,6 +189,96 @@ def command(args) -> int:
                   f"runs it while the caller waits); 2x Horovod is a ring of {r['horovod_us'] / 2:.0f} us, "
                   f"{2 * r['native_us'] / r['horovod_us']:.2f}x the direct call's speed (psrt's ring: "
                   f"{r['ring_vs_native']:.2f}x)")
+    step_row = None
+    if grads is not None:
+        step_row = many_tensor_row(args.grads, grads, steps, many)
+        if not args.quiet:
+            print_many(step_row, world.size)
     if args.json:
-        report.write_json(args.json, {"meta": {"world_size": world.size, "mpi": report.mpi_version()}, "rows": rows})
-    return 0
+        report.write_json(args.json, {"meta": {"world_size": world.size, "mpi": report.mpi_version()}, "rows": rows,
+                                      "gradient_step": step_row})
+    return 1 if step_row and step_row["wrong"] else 0
+
+
+def bucket_step(group, grads: list, algorithm: str):
+    """What psrt's ring DDP does with one bucket: copy the gradients into a flat buffer, all-reduce
+    it in place with `algorithm`, copy the results back."""
+    import torch
+    flat = torch.empty(sum(g.numel() for g in grads))
+    pieces = [piece.view_as(g) for piece, g in zip(flat.split([g.numel() for g in grads]), grads)]
+
+    def step():
+        torch.cat([g.view(-1) for g in grads], out=flat)
+        group.allreduce(flat, out=flat, algorithm=algorithm)
+        for g, piece in zip(grads, pieces):
+            g.copy_(piece)
+    return step
+
+
+def horovod_step(hvd, grads: list):
+    """What hvd.DistributedOptimizer does in a step: every gradient handed to Horovod in
+    place, then every handle waited on."""
+    def step():
+        handles = [hvd.allreduce_async_(g, op=hvd.Sum, name=f"{GRAD_NAME}{i}") for i, g in enumerate(grads)]
+        for h in handles:
+            hvd.synchronize(h)
+    return step
+
+
+def time_steps(comm, grads: list, step, repeats: int, min_time_s: float = 0.05) -> dict:
+    """{"s": median over `repeats` loops of the slowest rank's time per step, "steps": calls
+    made, "wrong": elements off the sum over ranks after the first call}.  The gradients are
+    refilled with rank + 1 first and left summed many times over."""
+    import time
+    n, mine = comm.size, comm.rank + 1.0
+    for g in grads:
+        g.fill_(mine)
+    step()
+    wrong = comm.allreduce(sum(int((g != n * (n + 1) / 2).sum()) for g in grads))
+    step()
+    t0 = time.perf_counter()
+    step()
+    iters = comm.bcast(max(1, min(100, int(min_time_s / max(time.perf_counter() - t0, 1e-7)))), root=0)
+    times = []
+    for _ in range(repeats):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            step()
+        times.append(max(comm.allgather((time.perf_counter() - t0) / iters)))
+    return {"s": statistics.median(times), "steps": 3 + repeats * iters, "wrong": wrong}
+
+
+def many_tensor_row(model: str, grads: list, steps: dict, phases: dict) -> dict:
+    """The gradient step's figures: Horovod's step split by its timeline (each phase's time
+    merged over the tensors, per step) beside psrt's bucket with the ring and with native."""
+    from psrt.bench.collectives import HOROVOD
+    from psrt.train.report import fmt_bytes
+    hv = steps[HOROVOD]
+    per = {ph: phases.get(ph, (0.0, 0))[0] / hv["steps"] for ph in PHASES}
+    inside = sum(per.values())
+    return {"model": model, "tensors": len(grads), "bytes": fmt_bytes(4 * sum(g.numel() for g in grads)),
+            "horovod_us": hv["s"] * 1e6, "negotiate_us": per["NEGOTIATE_ALLREDUCE"],
+            "memcpy_us": per["MEMCPY_IN_FUSION_BUFFER"] + per["MEMCPY_OUT_FUSION_BUFFER"],
+            "mpi_allreduce_us": per["MPI_ALLREDUCE"], "rest_us": max(hv["s"] * 1e6 - inside, 0.0),
+            "fused_calls": phases.get("MPI_ALLREDUCE", (0.0, 0))[1] / hv["steps"],
+            "ring_us": steps["ring"]["s"] * 1e6, "native_us": steps["native"]["s"] * 1e6,
+            "ring_vs_horovod": hv["s"] / steps["ring"]["s"], "wrong": sum(v["wrong"] for v in steps.values())}
+
+
+def print_many(row: dict, n: int) -> None:
+    from psrt.bench import report
+    print(f"\n# A training step's gradients, {row['tensors']} tensors of a {row['model']} ({row['bytes']}), "
+          f"on N={n}: Horovod given each tensor (allreduce_async_, as DistributedOptimizer), psrt the "
+          "flat bucket its ring DDP reduces (copies in and out included); Horovod's phases from its "
+          "timeline, merged over the tensors, per step (the mean over every step it ran, warm-up included)")
+    report.table([row], [("horovod_us", "horovod (us)", ".0f"), ("negotiate_us", "negotiate", ".0f"),
+                         ("memcpy_us", "fusion copies", ".0f"), ("mpi_allreduce_us", "MPI_Allreduce", ".0f"),
+                         ("rest_us", "rest", ".0f"), ("fused_calls", "fused calls", ".1f"),
+                         ("native_us", "native bucket (us)", ".0f"), ("ring_us", "psrt ring bucket (us)", ".0f"),
+                         ("ring_vs_horovod", "ring x horovod", ".2f"), ("wrong", "#wrong", "d")])
+    print(f"# Horovod fused the {row['tensors']} tensors into {row['fused_calls']:.1f} MPI_Allreduce calls per "
+          f"step; {min(row['mpi_allreduce_us'] / row['horovod_us'], 1.0):.0%} of its step is MPI_Allreduce, "
+          f"{min(row['memcpy_us'] / row['horovod_us'], 1.0):.0%} the fusion buffer's copies, "
+          f"{min(row['negotiate_us'] / row['horovod_us'], 1.0):.0%} negotiation; the rest is the cycle's wait "
+          "and the hand-offs between the caller and Horovod's thread")

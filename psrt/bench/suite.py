@@ -2,8 +2,12 @@
 
 1. collectives: every all-reduce algorithm and peer (psrt's ps, ring, halving-doubling, tree,
    the MPI library, torch.distributed gloo, Horovod) from 4 B to 256 MiB, per world size;
+   and per call at 4 B and 1 KiB, psrt's own algorithms called in each way (into a held
+   result, in place, into a fresh result, non-blocking) beside the same schedule written in
+   bare mpi4py and called the same way (psrt/bench/floors.py);
 2. training: step time, samples/s and scaling efficiency of every strategy, on this host
-   and, as root, on an emulated two-host cluster;
+   and, as root, on an emulated two-host cluster; on this host the ring again with
+   psrt.trace recording, for tracing's overhead;
 3. network (as root): ps vs ring on emulated hosts with shaped links, against the alpha-beta
    model (psrt.bench.network).
 
@@ -24,6 +28,11 @@ from psrt.train.report import fmt_bytes
 
 PARTS = ("collectives", "training", "network")
 COLLECTIVE_ALGORITHMS = ("ps", "ring", "halving-doubling", "tree", "native", "torch", "horovod")
+# The per-call goal: psrt's own all-reduces within PER_CALL_GOAL x their bare mpi4py schedule.
+PER_CALL_ALGORITHMS = ("ring", "halving-doubling", "tree", "ps")
+PER_CALL_SIZES = (4, 1024)
+PER_CALL_GOAL = 2.0
+TRACE_GOAL = 1.05       # the ring DDP step with psrt.trace recording, over the step without
 
 HELP = ("collectives, training and the network-bound regime in one run, with a Markdown report, "
         "JSON, CSV and plots (runs its own MPI jobs)")
@@ -51,13 +60,17 @@ def check(args) -> None:
 
 def settings(args) -> dict:
     """What each part measures, full or --quick (under a minute here)."""
+    per_call = ["--sizes", ",".join(map(str, PER_CALL_SIZES)), "--calls", "out,inplace,new,async",
+                "--algorithms", ",".join(a for name in PER_CALL_ALGORITHMS for a in (name, f"mpi4py-{name}"))]
     if args.quick:
         return {"np": [2], "coll": ["--min-size", "4", "--max-size", "4MiB", "--step", "16",
                                     "--warmup", "1", "--repeats", "2"],
+                "per_call": per_call + ["--warmup", "2", "--repeats", "2"],
                 "train": ["--steps", "2", "--rounds", "1", "--width", "512"], "train_np": [1, 2],
                 "cluster_np": []}
     return {"np": args.np, "coll": ["--min-size", "4", "--max-size", "256MiB", "--step", "4",
                                     "--warmup", "2", "--repeats", "5"],
+            "per_call": per_call + ["--warmup", "3", "--repeats", "7"],
             "train": ["--steps", "5", "--rounds", "3"], "train_np": sorted({1, *args.np}),
             "cluster_np": [n for n in args.np if n % 2 == 0]}
 
@@ -94,12 +107,24 @@ def command(args) -> int:
         report.write_csv(out / "collectives.csv", rows)
         sections.append(collectives_section(rows, plan["np"]))
         goals += collectives_goals(rows, horovod)
+        calls = []
+        for n in plan["np"]:
+            say(f"per-call cost on {n} ranks")
+            calls += jobs.local(n, ["collectives", "--quiet"] + plan["per_call"])["rows"]
+        from psrt.bench.collectives import against_floors
+        against_floors(calls)
+        report.write_json(out / "per_call.json", {"rows": calls})
+        report.write_csv(out / "per_call.csv", calls)
+        sections.append(per_call_section(calls))
+        goals += per_call_goals(calls)
     if "training" in args.parts:
         dps = ",".join(training.available(list(training.DEFAULT_STRATEGIES)))
         rows = []
         for n in plan["train_np"]:
             say(f"training on {n} rank(s)")
-            got = jobs.local(n, ["training", "--quiet", "--dp", "ring" if n == 1 else dps] + plan["train"])
+            # the ring again with a timeline recorded (ring+trace): tracing's overhead
+            trace = ["--trace", str(out / f"trace_np{n}.json")] if n > 1 and "ring" in dps.split(",") else []
+            got = jobs.local(n, ["training", "--quiet", "--dp", "ring" if n == 1 else dps] + trace + plan["train"])
             rows += [dict(r, where="one host") for r in got["rows"]]
         if plan["cluster_np"] and no_netns is None:
             from psrt.launch import cluster as C
@@ -161,6 +186,7 @@ def collectives_goals(rows: list[dict], horovod: bool) -> list[dict]:
 
 
 def training_goals(rows: list[dict]) -> list[dict]:
+    from psrt.bench.training import TRACED
     goals = []
     for where in dict.fromkeys(r["where"] for r in rows):
         for n in sorted({r["ranks"] for r in rows if r["where"] == where and r["ranks"] > 1}):
@@ -169,6 +195,36 @@ def training_goals(rows: list[dict]) -> list[dict]:
                 goals.append({"goal": f"{where}, N={n}: ring DDP step <= torch DDP (gloo) step",
                               "value": f"{at['torch-ddp'] / at['ring']:.2f}x",
                               "ok": at["ring"] <= at["torch-ddp"]})
+            if "ring" in at and "ring" + TRACED in at:
+                over = at["ring" + TRACED] / at["ring"]
+                goals.append({"goal": f"{where}, N={n}: ring DDP step with psrt.trace recording "
+                                      f"< {TRACE_GOAL:.2f}x the step without",
+                              "value": f"{over:.3f}x", "ok": over < TRACE_GOAL})
+    return goals
+
+
+CALL_NAMES = {"out": "into a held result", "inplace": "in place", "new": "into a fresh result",
+              "async": "non-blocking (async_op), waited on"}
+
+
+def per_call_goals(rows: list[dict]) -> list[dict]:
+    """Per world size and way of calling: the worst ratio of psrt's algorithms to their floor
+    (vs_floor: time over the bare mpi4py schedule's, called the same way, in the same run)."""
+    from psrt.bench.collectives import split_name
+    goals = []
+    for n in sorted({r["world_size"] for r in rows}):
+        for call, what in CALL_NAMES.items():
+            sel = [r for r in rows if r["world_size"] == n and r.get("vs_floor") is not None
+                   and split_name(r["algorithm"])[1] == call]
+            if not sel:
+                continue
+            worst = max(sel, key=lambda r: r["vs_floor"])
+            value = f"worst {worst['vs_floor']:.2f}x ({split_name(worst['algorithm'])[0]}, {fmt_bytes(worst['nbytes'])})"
+            if call == "async" and all(r.get("vs_sync_floor") for r in sel):
+                value += f"; {max(r['vs_sync_floor'] for r in sel):.2f}x the blocking floor"
+            goals.append({"goal": f"N={n}, {what}: {', '.join(PER_CALL_ALGORITHMS)} within "
+                                  f"{PER_CALL_GOAL:g}x of the same schedule in bare mpi4py at 4 B and 1 KiB",
+                          "value": value, "ok": worst["vs_floor"] <= PER_CALL_GOAL})
     return goals
 
 
@@ -190,6 +246,30 @@ def collectives_section(rows: list[dict], nps: list[int]) -> str:
         wrong = sum(r["wrong"] for r in sel)
         text.append(f"\n{wrong} wrong elements in all.\n")
     return "\n".join(text)
+
+
+def per_call_section(rows: list[dict]) -> str:
+    """Time per call, psrt / floor (x ratio), per world size, algorithm and way of calling."""
+    from psrt.bench.collectives import split_name
+    table = []
+    for n in sorted({r["world_size"] for r in rows}):
+        for r in rows:
+            if r["world_size"] != n or r.get("vs_floor") is None:
+                continue
+            base, call = split_name(r["algorithm"])
+            entry = next((t for t in table if (t["n"], t["algorithm"], t["call"]) == (n, base, call)), None)
+            if entry is None:
+                entry = {"n": n, "algorithm": base, "call": call}
+                table.append(entry)
+            entry[fmt_bytes(r["nbytes"])] = (f"{r['time_us']:.1f} / {r['time_us'] / r['vs_floor']:.1f} "
+                                             f"(x{r['vs_floor']:.2f})")
+    sizes = [fmt_bytes(s) for s in sorted({r["nbytes"] for r in rows})]
+    return ("## Per call: psrt's all-reduces against their schedule in bare mpi4py\n\n"
+            "`python -m psrt.bench collectives --calls out,inplace,new,async` per world size: time per "
+            "call in us, psrt / the same schedule written in bare mpi4py over NumPy and called the same "
+            "way (psrt/bench/floors.py; async: handed to a worker thread and waited on), in one run.\n\n"
+            + report.md_table(table, [("n", "N", "d"), ("algorithm", "algorithm", ""), ("call", "call", "")]
+                              + [(s, s, "") for s in sizes]))
 
 
 def training_section(rows: list[dict]) -> str:

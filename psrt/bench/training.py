@@ -47,14 +47,18 @@ class TorchDDPPeer(DataParallel):
         start = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         n = len(microbatches)
-        total = 0.0
+        total, trace = 0.0, self.tracer
         for k, mb in enumerate(microbatches):
             # Only the last micro-batch's backward all-reduces (DDP's no_sync for the rest).
             with self.ddp.no_sync() if k < n - 1 else contextlib.nullcontext():
-                loss = loss_fn(mb)
-                (loss / n).backward()
+                with trace.span("forward", "compute", microbatch=k):
+                    loss = loss_fn(mb)
+                # gloo's all-reduces run inside, on torch's threads: this span holds them
+                with trace.span("backward", "compute", microbatch=k):
+                    (loss / n).backward()
             total += loss.item()
-        self.optimizer.step()
+        with trace.span("optimizer", "compute"):
+            self.optimizer.step()
         return StepStats(loss=total / n, compute_s=time.perf_counter() - start)
 
 
@@ -133,7 +137,8 @@ def measure(world, names: list[str], model_name: str = "mlp", width: int = 1024,
                 ctl.Barrier()
                 t0 = time.perf_counter()
                 for i in range(k):
-                    s.step(loss_fn, data[i % len(data)])
+                    with s.tracer.span("step", "step"):
+                        s.step(loss_fn, data[i % len(data)])
                 per = ctl.allgather((time.perf_counter() - t0) / k)
                 if r:
                     times[name].append(max(per))

@@ -29,7 +29,7 @@ from psrt.c10d.work import Work
 from psrt.collectives.communicator import Communicator
 from psrt.collectives.executor import Executor
 from psrt.errors import PsrtError
-from psrt.transport import SUPPORTED_DTYPES, msg, np_view
+from psrt.transport import SUPPORTED_DTYPES, msg
 
 RedOpType = dist.ReduceOp.RedOpType
 _OPS = {RedOpType.SUM: "sum", RedOpType.AVG: "avg", RedOpType.PRODUCT: "prod",

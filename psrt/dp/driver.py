@@ -186,7 +186,8 @@ class Driver:
                 microbatches = split_batch(batch, k)
             elif batch is not None or accum is not None:
                 raise PsrtError("step(): give either a batch (with accum=) or microbatches=, not both")
-            stats = self.strategy.step(loss_fn, list(microbatches))
+            with self.strategy.tracer.span("step", "step", step=len(self.stats) + 1):
+                stats = self.strategy.step(loss_fn, list(microbatches))
         self.stats.append(stats)
         self.totals.add(stats)
         return stats

@@ -126,20 +126,25 @@ class HorovodStrategy(DataParallel):
         # earlier ones only accumulate into .grad (its backward_passes_per_step).
         if opt.backward_passes_per_step != n:
             opt.set_backward_passes_per_step(n)
-        total = 0.0
-        for mb in microbatches:
-            loss = loss_fn(mb)
+        total, trace = 0.0, self.tracer
+        for k, mb in enumerate(microbatches):
+            with trace.span("forward", "compute", microbatch=k):
+                loss = loss_fn(mb)
             total += loss.item()
             # Horovod sums the n passes without dividing: dividing each micro-batch's mean
             # loss by n gives the gradient of the mean over all of this rank's samples.
-            (loss / n).backward()
+            with trace.span("backward", "compute", microbatch=k):
+                (loss / n).backward()
         # The loss is averaged over ranks while the gradients are still in flight.
         loss_handle = hvd.allreduce_async(torch.tensor([total / n]), op=hvd.Average, name="psrt.loss")
         waited = time.perf_counter()
-        opt.synchronize()
-        loss = float(hvd.synchronize(loss_handle)[0])
+        # Horovod's own thread reduces the gradients (its timeline, HOROVOD_TIMELINE, splits
+        # that time); this rank's timeline shows how long the step waits for it.
+        with trace.span("wait for horovod", "wait"):
+            opt.synchronize()
+            loss = float(hvd.synchronize(loss_handle)[0])
         comm_s = time.perf_counter() - waited
-        with opt.skip_synchronize():
+        with trace.span("optimizer", "compute"), opt.skip_synchronize():
             # fp16: the averaged gradients are checked, every rank agreeing, and unscaled
             # before the step, or the step is skipped (psrt/dp/precision.py).
             (self._scaled or opt).step()

@@ -130,8 +130,7 @@ class ParameterServer(DataParallel):
             raise PsrtError(f"--dp {self.name}: rank {self.rank} called step() after finish()")
         trace = self.tracer
         t0 = now()
-        with trace.span("forward+backward", "compute", microbatches=len(microbatches)):
-            loss = local_backward(self.model, loss_fn, microbatches)
+        loss = local_backward(self.model, loss_fn, microbatches, trace)
         t1 = now()
         reqs, sent = [], 0
         for s, srv in enumerate(self.server_ranks):
@@ -152,13 +151,13 @@ class ParameterServer(DataParallel):
             wait_all(reqs, self.timeout_s, lambda p: f"--dp {self.name} worker rank {self.rank}: no "
                      f"parameters from server rank(s) {self._servers_of(reqs, p)} for step "
                      f"{self._step} after {self.timeout_s:.0f} s")
-        for s, srv in enumerate(self.server_ranks):
-            src = self._out if srv == self.rank else self._pull[s]
-            if int(src.head[0]) != self._step:
-                raise PsrtError(f"--dp {self.name} worker rank {self.rank}: server rank {srv} "
-                                f"answered step {int(src.head[0])} while this rank is at step {self._step}")
-            self.flat.load(src.data, *self.ranges[s])
         answers = [self._out if srv == self.rank else self._pull[s] for s, srv in enumerate(self.server_ranks)]
+        with trace.span("load parameters", "compute"):
+            for s, (srv, src) in enumerate(zip(self.server_ranks, answers)):
+                if int(src.head[0]) != self._step:
+                    raise PsrtError(f"--dp {self.name} worker rank {self.rank}: server rank {srv} answered "
+                                    f"step {int(src.head[0])} while this rank is at step {self._step}")
+                self.flat.load(src.data, *self.ranges[s])
         if self.scaler is not None:
             self._follow(answers)
         # Every server averaged the same workers' losses; shard 0's answer is the global loss.
@@ -228,9 +227,10 @@ class ParameterServer(DataParallel):
             raise PsrtError(f"--dp {self.name} server rank {self.rank}: workers disagree on the "
                             f"step number ({listing}); did they resume from different checkpoints?")
         t0 = now()
-        with self.tracer.span("server: reduce and update", "server", workers=len(parts)):
+        with self.tracer.span("server: reduce", "server", workers=len(parts)):
             avg = average_in_order(parts, self._acc)
             skip = self._unscale(avg, heads)
+        with self.tracer.span("optimizer", "server", skipped=bool(skip)):
             if skip:
                 self.holder.current(self._out.data)
             else:

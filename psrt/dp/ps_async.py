@@ -178,21 +178,24 @@ class AsyncParameterServer(DataParallel):
             raise PsrtError(f"--dp ps-async: rank {self.rank} is the dedicated server; call serve()")
         if self._finished:
             raise PsrtError(f"--dp ps-async: rank {self.rank} called step() after finish()")
+        trace = self.tracer
         t0 = now()
-        loss = local_backward(self.model, loss_fn, microbatches)
+        loss = local_backward(self.model, loss_fn, microbatches, trace)
         t1 = now()
         self.flat.grads_into(self._push.data)
         fill_push(self._push, self._clock, loss, self.scaler)
         # The pull is posted first: the push doubles as the request for parameters.
-        reqs = [self.pcomm.Irecv(self._pull.msg(), self.server_rank, TAG_PULL),
-                self.pcomm.Isend(self._push.msg(), self.server_rank, TAG_PUSH)]
-        wait_all(reqs, self.timeout_s, self._fail(f"no parameters for clock {self._clock + 1}"))
+        with trace.span("push and pull", "comm", bytes=self._push.nbytes, clock=self._clock):
+            reqs = [self.pcomm.Irecv(self._pull.msg(), self.server_rank, TAG_PULL),
+                    self.pcomm.Isend(self._push.msg(), self.server_rank, TAG_PUSH)]
+            wait_all(reqs, self.timeout_s, self._fail(f"no parameters for clock {self._clock + 1}"))
         clock, version, slowest = (int(v) for v in self._pull.head[:3])
         clock_loss = float(self._pull.head[3])
         if clock != self._clock + 1:
             raise PsrtError(f"--dp ps-async worker rank {self.rank}: the server answered clock "
                             f"{clock}, expected {self._clock + 1}")
-        self.flat.load(self._pull.data)
+        with trace.span("load parameters", "compute", version=version):
+            self.flat.load(self._pull.data)
         self._follow()
         self._clock = clock
         total = now() - t0
@@ -254,22 +257,23 @@ class AsyncParameterServer(DataParallel):
 
     def _handle_one(self) -> None:
         """Receive one message (push or DONE), apply what became complete, answer pulls."""
-        table, out, totals = self.table, self._out, self.server_totals
-        st = probe_any(self.pcomm, self.timeout_s, lambda: (
-            f"--dp ps-async server rank {self.rank}: no message for {self.timeout_s:.0f} s from "
-            f"active workers {sorted(table.active)} (clocks "
-            f"{ {w: table.clock[w] for w in sorted(table.active)} })"))
-        src, tag = st.Get_source(), st.Get_tag()
-        if tag == TAG_PUSH:
-            wire = self._spare.pop() if self._spare else Wire(self.flat.numel, self.flat.dtype)
-            self.pcomm.Recv(wire.msg(), src, TAG_PUSH)
-            totals["bytes_received"] += wire.nbytes
-            table.push(src, int(wire.head[0]), wire)
-        elif tag == TAG_DONE:
-            self.pcomm.Recv(self._head.head_msg(), src, TAG_DONE)
-            table.retire(src, int(self._head.head[0]))
-        else:
-            raise PsrtError(f"--dp ps-async server rank {self.rank}: unexpected tag {tag} from rank {src}")
+        table, totals, trace = self.table, self.server_totals, self.tracer
+        with trace.span("server: wait for pushes", "wait", workers=len(table.active)):
+            st = probe_any(self.pcomm, self.timeout_s, lambda: (
+                f"--dp ps-async server rank {self.rank}: no message for {self.timeout_s:.0f} s from "
+                f"active workers {sorted(table.active)} (clocks "
+                f"{ {w: table.clock[w] for w in sorted(table.active)} })"))
+            src, tag = st.Get_source(), st.Get_tag()
+            if tag == TAG_PUSH:
+                wire = self._spare.pop() if self._spare else Wire(self.flat.numel, self.flat.dtype)
+                self.pcomm.Recv(wire.msg(), src, TAG_PUSH)
+                totals["bytes_received"] += wire.nbytes
+                table.push(src, int(wire.head[0]), wire)
+            elif tag == TAG_DONE:
+                self.pcomm.Recv(self._head.head_msg(), src, TAG_DONE)
+                table.retire(src, int(self._head.head[0]))
+            else:
+                raise PsrtError(f"--dp ps-async server rank {self.rank}: unexpected tag {tag} from rank {src}")
         for _clock, wires in table.complete():
             t0 = now()
             self._apply_clock(wires)
@@ -278,7 +282,15 @@ class AsyncParameterServer(DataParallel):
             totals["clocks_applied"] += 1
             self._spare.extend(wires)
         slowest = table.min_clock()
-        for w in table.releasable():
+        released = table.releasable()
+        if released:
+            with trace.span("server: send parameters", "server", workers=released):
+                self._release(released, slowest)
+
+    def _release(self, workers: list[int], slowest: int) -> None:
+        """Send the current parameters to each worker SSP lets go on."""
+        table, out, totals = self.table, self._out, self.server_totals
+        for w in workers:
             lead = table.clock[w] - slowest
             totals["max_lead"] = max(totals["max_lead"], lead)
             totals["pulls"] += 1
@@ -297,22 +309,27 @@ class AsyncParameterServer(DataParallel):
         among them (a power-of-two factor: exact), averaged, checked and unscaled, so a clock
         computed at one scale is averaged exactly as the synchronous servers do; a clock that
         overflowed is skipped (module docstring)."""
-        scaler, out = self.scaler, self._out.data
+        scaler, out, trace = self.scaler, self._out.data, self.tracer
         if scaler is None:
-            self.holder.apply(average_in_order([w.data for w in wires], self._acc), out)
+            with trace.span("server: reduce", "server", workers=len(wires)):
+                avg = average_in_order([w.data for w in wires], self._acc)
+            with trace.span("optimizer", "server"):
+                self.holder.apply(avg, out)
             return
-        scales = [float(w.head[SCALE]) for w in wires]
-        flagged = [scale for w, scale in zip(wires, scales) if overflowed([w.data])]
-        low = min(scales)
-        for w, scale in zip(wires, scales):
-            if scale != low:
-                w.data.mul_(low / scale)
-        avg = average_in_order([w.data for w in wires], self._acc)
-        skip = bool(flagged) or overflowed([avg])
-        if skip:
-            self.holder.current(out)
-        else:
-            self.holder.apply(avg.mul_(1.0 / low), out)
+        with trace.span("server: reduce", "server", workers=len(wires)):
+            scales = [float(w.head[SCALE]) for w in wires]
+            flagged = [scale for w, scale in zip(wires, scales) if overflowed([w.data])]
+            low = min(scales)
+            for w, scale in zip(wires, scales):
+                if scale != low:
+                    w.data.mul_(low / scale)
+            avg = average_in_order([w.data for w in wires], self._acc)
+            skip = bool(flagged) or overflowed([avg])
+        with trace.span("optimizer", "server", skipped=skip):
+            if skip:
+                self.holder.current(out)
+            else:
+                self.holder.apply(avg.mul_(1.0 / low), out)
         scaler.update(skip, at_scale=min(flagged) if flagged else low)
 
     def _scale_now(self) -> list[float]:

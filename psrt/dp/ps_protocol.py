@@ -23,6 +23,7 @@ from psrt.collectives.layout import offsets
 from psrt.collectives.p2p import poll
 from psrt.dp.shards import ShardMap
 from psrt.errors import PsrtError
+from psrt.trace import OFF
 from psrt.transport import msg
 
 # Tags of the PS protocol.  They travel on a private Dup of the strategy's communicator, so
@@ -246,8 +247,9 @@ def broadcast_initial(pcomm, flat: FlatParams, timeout_s: float, name: str) -> i
     return len(reqs) * wire.nbytes if pcomm.rank == 0 else 0
 
 
-def local_backward(model: torch.nn.Module, loss_fn, microbatches: list) -> float:
-    """Forward and backward over this rank's micro-batches; returns their mean loss.
+def local_backward(model: torch.nn.Module, loss_fn, microbatches: list, tracer=OFF) -> float:
+    """Forward and backward over this rank's micro-batches; returns their mean loss.  Each
+    micro-batch's forward and backward is a span of `tracer` (psrt.trace).
 
     Each loss is divided by the number of micro-batches so the accumulated gradient is that
     of the mean loss over this rank's samples (equal-sized micro-batches)."""
@@ -257,9 +259,11 @@ def local_backward(model: torch.nn.Module, loss_fn, microbatches: list) -> float
         p.grad = None
     total = 0.0
     k = len(microbatches)
-    for mb in microbatches:
-        loss = loss_fn(mb)
-        (loss / k).backward()
+    for i, mb in enumerate(microbatches):
+        with tracer.span("forward", "compute", microbatch=i):
+            loss = loss_fn(mb)
+        with tracer.span("backward", "compute", microbatch=i):
+            (loss / k).backward()
         total += float(loss.detach())
     return total / k
 

@@ -19,6 +19,7 @@ import torch
 from psrt import env
 from psrt.collectives.p2p import poll
 from psrt.errors import PsrtError
+from psrt.trace import OFF, Tracer
 from psrt.transport import SUPPORTED_DTYPES, Staging, check_dtype, msg
 
 MAX_DIMS = 8
@@ -49,11 +50,15 @@ class P2P:
     Args:
         comm: mpi4py communicator; ranks are pipeline ranks.
         timeout_s: how long a receive waits before it raises PsrtError (default PSRT_TIMEOUT).
+        tracer: a psrt.trace.Tracer: each send (its posting) and each receive (from its wait to
+            the payload's arrival) is a span, with the peer and the bytes.
     """
 
-    def __init__(self, comm, timeout_s: float | None = None, staging: Staging | None = None):
+    def __init__(self, comm, timeout_s: float | None = None, staging: Staging | None = None,
+                 tracer: Tracer | None = None):
         from mpi4py import MPI
         self._mpi = MPI
+        self.tracer = tracer or OFF
         self.comm = comm
         self.rank = comm.Get_rank()
         self.timeout_s = env.timeout_s() if timeout_s is None else timeout_s
@@ -77,6 +82,7 @@ class P2P:
         if dest == self.rank:
             self._local[tag] = t
             return
+        t0 = self.tracer.clock()
         header = encode_header(t)
         if t.is_cuda and self._staging.direct_cuda:
             torch.cuda.current_stream(t.device).synchronize()
@@ -85,8 +91,11 @@ class P2P:
             payload = t.to("cpu").contiguous()
         reqs = [self.comm.Isend(header, dest, tag), self.comm.Isend(msg(payload), dest, tag)]
         self._pending.append((reqs, header, payload))
-        self.bytes_sent += payload.numel() * payload.element_size()
+        nbytes = payload.numel() * payload.element_size()
+        self.bytes_sent += nbytes
         self._reap()
+        if self.tracer.on:
+            self.tracer.add("send", "comm", t0, self.tracer.clock(), peer=dest, tag=tag, bytes=nbytes)
 
     def recv(self, source: int, tag: int, device, what: str) -> torch.Tensor:
         """Receive the tensor sent to this rank with `tag` by `source`, on `device`."""
@@ -95,6 +104,7 @@ class P2P:
             if tag not in self._local:
                 raise PsrtError(f"pipeline: {what} was never produced on this rank")
             return self._local.pop(tag)
+        t0 = self.tracer.clock()
         message = self._probe(source, tag, what)
         header = np.empty(_HEADER, dtype=np.int64)
         message.Recv(header)
@@ -103,6 +113,9 @@ class P2P:
         on_device = device.type == "cuda" and self._staging.direct_cuda
         buf = torch.empty(shape, dtype=dtype, device=device if on_device else "cpu")
         self.comm.Recv(msg(buf), source, tag)
+        if self.tracer.on:
+            self.tracer.add("recv", "comm", t0, self.tracer.clock(), peer=source, tag=tag,
+                            bytes=buf.numel() * buf.element_size())
         return buf if buf.device == device else buf.to(device)
 
     def _probe(self, source: int, tag: int, what: str):

@@ -98,7 +98,7 @@ class PipelineRuntime:
         self.stages, self.schedule, self.loss_fn = stages, schedule, loss_fn
         self.device = torch.device(device)
         self.last = schedule.num_stages - 1
-        self.p2p = P2P(comm, timeout_s)
+        self.p2p = P2P(comm, timeout_s, tracer=self.tracer)
         self.comm = comm
         self._params = {p.untyped_storage().data_ptr() for m in stages.values() for p in m.parameters()}
 
@@ -136,7 +136,7 @@ class PipelineRuntime:
                         raise PsrtError(f"pipeline: stage {s} received a {x.dtype} activation; "
                                         "tensors between stages must be floating point")
                     x.requires_grad_()
-                t0, t0_ns = time.perf_counter(), time.perf_counter_ns()
+                t0, t0_ns = time.perf_counter(), self.tracer.clock()
                 saved = _SavedBytes(self._params)
                 saved.pack(x)           # the input is held until B too (counted once)
                 with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
@@ -146,7 +146,7 @@ class PipelineRuntime:
                         loss_sum += float(loss.detach()) * weights[i]
                         y = loss * weights[i]
                 stats.busy_s += time.perf_counter() - t0
-                self.tracer.add("forward", "pipeline", t0_ns, time.perf_counter_ns(), stage=s, microbatch=i)
+                self.tracer.add("forward", "pipeline", t0_ns, self.tracer.clock(), stage=s, microbatch=i)
                 if s < self.last:
                     self.p2p.isend(y, self.schedule.rank_of(s + 1), self._tag(s + 1, i, ACT))
                 nbytes = saved.total()
@@ -157,11 +157,11 @@ class PipelineRuntime:
             else:
                 x, y, nbytes = stash.pop((s, i))
                 grad = None if s == self.last else self._recv(s + 1, s, i, GRAD, stats)
-                t0, t0_ns = time.perf_counter(), time.perf_counter_ns()
+                t0, t0_ns = time.perf_counter(), self.tracer.clock()
                 if y.requires_grad:
                     torch.autograd.backward(y, grad_tensors=grad)
                 stats.busy_s += time.perf_counter() - t0
-                self.tracer.add("backward", "pipeline", t0_ns, time.perf_counter_ns(), stage=s, microbatch=i)
+                self.tracer.add("backward", "pipeline", t0_ns, self.tracer.clock(), stage=s, microbatch=i)
                 if s > 0:
                     g = x.grad if x.grad is not None else torch.zeros_like(x)
                     self.p2p.isend(g, self.schedule.rank_of(s - 1), self._tag(s - 1, i, GRAD))

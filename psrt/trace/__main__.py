@@ -14,7 +14,7 @@ from pathlib import Path
 from psrt.errors import ArgumentParser, PsrtError, cli_main
 from psrt.trace import CATEGORIES
 
-COLOURS = {"compute": "tab:blue", "comm": "tab:orange", "wait": "tab:gray", "server": "tab:red",
+COLOURS = {"step": "black", "compute": "tab:blue", "comm": "tab:orange", "wait": "tab:gray", "server": "tab:red",
            "pipeline": "tab:green"}
 
 
@@ -54,15 +54,21 @@ def draw(events: list[dict], out: str) -> None:
                if e.get("ph") == "M" and e["name"] == "thread_name"}
     fig, ax = plt.subplots(figsize=(12, 0.5 + 0.45 * len(lanes)))
     for e in spans:
-        ax.broken_barh([(e["ts"] / 1e3, max(e["dur"] / 1e3, 1e-3))], (row[(e["pid"], e["tid"])] - 0.4, 0.8),
-                       color=COLOURS.get(e.get("cat"), "tab:purple"), linewidth=0)
+        lane, cat = row[(e["pid"], e["tid"])], e.get("cat")
+        if cat == "step":           # around the phases of a step: an outline, drawn over them
+            ax.broken_barh([(e["ts"] / 1e3, e["dur"] / 1e3)], (lane - 0.45, 0.9), facecolor="none",
+                           edgecolor=COLOURS[cat], linewidth=0.8, zorder=3)
+            continue
+        ax.broken_barh([(e["ts"] / 1e3, max(e["dur"] / 1e3, 1e-3))], (lane - 0.4, 0.8),
+                       color=COLOURS.get(cat, "tab:purple"), linewidth=0)
     ax.set_yticks(range(len(lanes)),
                   [f"{names.get(p, f'rank {p}')} {threads.get((p, t), t)}" for p, t in lanes], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("ms")
     ax.set_title("psrt timeline")
     used = [c for c in CATEGORIES if any(e.get("cat") == c for e in spans)]
-    ax.legend(handles=[Patch(color=COLOURS[c], label=c) for c in used], loc="upper left",
+    ax.legend(handles=[Patch(facecolor="none", edgecolor=COLOURS[c], label=c) if c == "step"
+                       else Patch(color=COLOURS[c], label=c) for c in used], loc="upper left",
               bbox_to_anchor=(1.0, 1.0), fontsize=8)
     ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()

@@ -39,6 +39,8 @@ def main(argv=None) -> int:
             print("\n" + report.memory_block(rows, cfg.optimizer, cfg.precision))
         if "link" in rows[0]:
             print("\n" + prediction.describe(rows))
+        elif "no_prediction" in rows[0]:
+            print("\n" + rows[0]["no_prediction"])
         for row in rows:
             if "loss_scale" in row:
                 print(f"{row['dp']}: fp16 loss scaling skipped {row['skipped_steps']} of {row['steps']} steps "

@@ -39,6 +39,7 @@ from psrt.grid import Grid
 from psrt.pp import PipelineRuntime, build_stages, make_schedule, split_batch
 from psrt.tp.comm import CountingGroup, reduce_sequence_parallel_grads
 from psrt.tp.model import loss_fn, shard_dense, shard_specs
+from psrt.trace import OFF
 
 
 @dataclass
@@ -126,7 +127,9 @@ class HybridTrainer:
         device: where the stages and activations live.
         make_optimizer: params -> optimizer (default: cfg.optimizer from torch.optim), as
             in the DataParallel contract (psrt/dp/base.py).
-        tracer: a psrt.trace.Tracer for the pipeline's spans (default: none).
+        tracer: a psrt.trace.Tracer for the pipeline's spans, its sends and receives and the
+            optimizer (default: the grid's, whose Communicators record the DP, TP and expert
+            collectives).
         compute_dtype: run the stages' forward under autocast in this dtype (bf16, fp16), the
             parameters staying fp32 (psrt.dp.precision).
         scaler: a psrt.dp.precision.LossScaler for fp16: the loss is scaled before backward;
@@ -137,6 +140,7 @@ class HybridTrainer:
                  make_optimizer=None, tracer=None, compute_dtype=None, scaler=None):
         cfg.check(grid)
         self.grid, self.cfg = grid, cfg
+        self.tracer = tracer = tracer or grid.tracer or OFF
         # The TP group counts its traffic for the step's bytes_sent.
         self.tp = CountingGroup(grid.tp_group)
         model = shard_dense(dense if dense is not None else dense_model(cfg), self.tp, cfg.sequence_parallel)
@@ -200,7 +204,8 @@ class HybridTrainer:
         t0 = time.perf_counter()
         payload, expert_payload = self._allreduce_grads()
         dp_s = time.perf_counter() - t0
-        self.optimizer.step()
+        with self.tracer.span("optimizer", "compute"):
+            self.optimizer.step()
         loss = g.dp_comm.allreduce(pp.loss)                 # sum of the dp ranks' shares
         # Wire bytes as a bandwidth-optimal (ring) collective moves them; the TP groups count
         # each all-reduce's payload and each all-gather's local piece.

@@ -124,7 +124,7 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
     if cfg.pp * cfg.tp != 1:   # model parallelism
         return train_hybrid(cfg, dp, world, ctl, dataset, tracer)
     if cfg.model == "moe":     # expert parallelism
-        return train_moe(cfg, dp, world, ctl, dataset)
+        return train_moe(cfg, dp, world, ctl, dataset, tracer)
     group = psrt.Communicator(world.comm, algorithm="auto", tracer=tracer)
     if dog is not None:
         dog.watch(group)
@@ -289,8 +289,11 @@ def train_all(cfg: TrainConfig, world, watchdog: bool = True) -> list[dict] | No
     found = ctl.gather(mine, root=0)
     if cfg.trace:
         tracer.write(ctl, cfg.trace, world.hostname)      # rank 0 writes the whole job's timeline
-    # Comparing strategies: the alpha-beta model of this run's link, beside the measurement.
-    link = prediction.measure(world, ctl) if len(cfg.dp_list) > 1 and cfg.pp * cfg.tp == 1 else None
+    # Comparing strategies: the alpha-beta model of this run's link, beside the measurement,
+    # or one line saying why the model does not apply.
+    compare = len(cfg.dp_list) > 1
+    not_covered = prediction.not_covered(cfg.pp, cfg.tp, cfg.model) if compare else None
+    link = prediction.measure(world, ctl) if compare and not_covered is None else None
     if dog is not None:
         dog.stop()
     ctl.Free()
@@ -299,6 +302,8 @@ def train_all(cfg: TrainConfig, world, watchdog: bool = True) -> list[dict] | No
     rows = [next(f[dp] for f in found if dp in f) for dp in cfg.dp_list]
     if link is not None:
         prediction.annotate(rows, link, cfg.servers)
+    if not_covered is not None:
+        rows[0]["no_prediction"] = not_covered
     # Each metrics file ends with its strategy's summary, the prediction included.
     for dp, row in zip(cfg.dp_list, rows):
         out = report.Metrics(cfg.path_for(cfg.metrics, dp), append=True)
@@ -332,7 +337,8 @@ def check_hybrid(cfg: TrainConfig, dp: str) -> None:
 def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer = OFF) -> dict | None:
     """Train with a DP x PP x TP grid; returns the summary row on grid rank 0, else None."""
     check_hybrid(cfg, dp)
-    grid = Grid.build(world.comm, pp=cfg.pp, tp=cfg.tp, ep=cfg.ep)
+    # the grid's communicators record the DP and TP collectives into the timeline
+    grid = Grid.build(world.comm, pp=cfg.pp, tp=cfg.tp, ep=cfg.ep, tracer=tracer)
     torch.manual_seed(cfg.seed)
     moe = moe_options(cfg) if cfg.model == "moe" else {}
     model = build_model("moe" if moe else "transformer", dataset, cfg.width, cfg.layers, cfg.recompute, **moe)
@@ -355,7 +361,8 @@ def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer 
     t0 = time.perf_counter()
     for step in range(total):
         idx = sampler.global_indices(step)
-        stats = trainer.step(dataset.train_x[idx], dataset.train_y[idx])
+        with tracer.span("step", "step", step=step + 1):
+            stats = trainer.step(dataset.train_x[idx], dataset.train_y[idx])
         compute, comm, sent, loss = compute + stats.compute_s, comm + stats.comm_s, sent + stats.bytes_sent, stats.loss
         routed = routing.add(cfg, stats.extra["moe"]) if moe else {}
         if lead:
@@ -403,12 +410,12 @@ def moe_options(cfg: TrainConfig) -> dict:
             "aux_alpha": cfg.aux_weight, "dispatch": cfg.moe_dispatch}
 
 
-def train_moe(cfg: TrainConfig, dp: str, world, ctl, dataset) -> dict | None:
+def train_moe(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer = OFF) -> dict | None:
     """Train --model moe; returns the summary row (with the routing) on rank 0, else None."""
     from psrt.ep.layer import moe_layers
     from psrt.train.moe import MoETrainer
     from psrt.train.config import MOE_DP
-    grid = Grid.build(world.comm, ep=cfg.ep)
+    grid = Grid.build(world.comm, ep=cfg.ep, tracer=tracer)
     torch.manual_seed(cfg.seed)
     model = build_model("moe", dataset, cfg.width, cfg.layers, cfg.recompute, **moe_options(cfg))
     for layer in moe_layers(model):
@@ -430,7 +437,8 @@ def train_moe(cfg: TrainConfig, dp: str, world, ctl, dataset) -> dict | None:
     t0 = time.perf_counter()
     for step in range(total):
         mbs = [(x_all[i], y_all[i]) for i in sampler.microbatches(step)]
-        stats = trainer.step(loss_fn, mbs)
+        with tracer.span("step", "step", step=step + 1):
+            stats = trainer.step(loss_fn, mbs)
         compute, comm, sent, loss = compute + stats.compute_s, comm + stats.comm_s, sent + stats.bytes_sent, stats.loss
         routed = routing.add(cfg, dict(stats.extra, layers=len(moe_layers(model))))
         if lead:

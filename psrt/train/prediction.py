@@ -27,6 +27,20 @@ RING_FAMILY = traffic.RING_LIKE
 PS_FAMILY = tuple(traffic.PS_LAYOUTS)
 
 
+def not_covered(pp: int, tp: int, model: str) -> str | None:
+    """Why the model has no prediction for this run's strategies (None: it has one).  It
+    prices one data-parallel exchange of the whole model's gradients over every rank
+    (psrt.dp.traffic); a step of these runs moves other traffic over other groups."""
+    if pp * tp != 1:
+        return ("no alpha-beta prediction for --pp/--tp runs: psrt's model prices the data-parallel "
+                "gradient exchange over all ranks, while these steps also send pipeline activations "
+                "and tensor-parallel partial sums, each strategy reducing only its shard over dp ranks")
+    if model == "moe":
+        return ("no alpha-beta prediction for --model moe: psrt's model prices the dense gradient "
+                "exchange, while these steps also move tokens through expert-parallel all-to-alls")
+    return None
+
+
 def measure(world, ctl) -> dict | None:
     """Fit alpha and beta between rank 0 and a rank on another host (collective over ctl);
     the link description on rank 0, None elsewhere and on one rank."""

@@ -76,6 +76,19 @@ def test_suite_quick_writes_the_report(tmp_path):
     assert {"ps", "ring", "native"} <= {r["algorithm"] for r in coll}
     assert sum(r["wrong"] for r in coll) == 0
     assert proc.stdout.startswith("# psrt benchmark report")
+    # per call: psrt's algorithms called four ways beside their bare mpi4py floor, one goal each way
+    calls = json.loads((tmp_path / "per_call.json").read_text())["rows"]
+    assert sum(r["wrong"] for r in calls) == 0
+    floor = {(r["algorithm"], r["nbytes"]): r["time_us"] for r in calls if r["algorithm"].startswith("mpi4py-")}
+    judged = [r for r in calls if not r["algorithm"].startswith("mpi4py-")]
+    assert len(judged) == 4 * 4 * 2             # ring, halving-doubling, tree, ps x 4 calls x 4 B, 1 KiB
+    for r in judged:
+        assert r["vs_floor"] == pytest.approx(r["time_us"] / floor[("mpi4py-" + r["algorithm"], r["nbytes"])])
+    for call in ("into a held result", "in place", "into a fresh result", "non-blocking"):
+        assert f"N=2, {call}" in report and "within 2x of the same schedule in bare mpi4py" in report
+    assert "## Per call" in report
+    # tracing's overhead on the ring DDP step, from the ring+trace row of the same run
+    assert "N=2: ring DDP step with psrt.trace recording < 1.05x the step without" in report
 
 
 @pytest.mark.mpi

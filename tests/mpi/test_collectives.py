@@ -32,7 +32,10 @@ def test_small_message_path_is_bitwise_the_torch_path(run_ranks, np_):
     assert len(records) == np_
     for rec in records:
         assert rec["failures"] == [], rec
-        assert rec["checked"] == 5 * (4 * 3 * 2 + 1) * 4   # algorithms x cases x variants
+        # algorithms x cases x (2 communicators x 3 repeats x 4 ways of calling + 1 mixed)
+        assert rec["checked"] == 5 * (4 * 3 * 2 + 1) * (2 * 3 * 4 + 1)
+        # buffers reduced again were made ready in place (bounded: the oldest are let go)
+        assert all(b > 0 for b in rec["bound"]), rec
 
 
 @pytest.mark.parametrize("np_", [1, 2, 3, 4, 5, 6, 7, 8])

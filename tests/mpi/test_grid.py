@@ -15,6 +15,7 @@ def test_every_factorisation_of_four_ranks(run_ranks):
         assert r["build"] == ("process grid pp=3 x tp=1 does not divide 4 ranks: "
                               "dp = 4 / 3 is not a whole number")
         assert r["inferred"] == [2, 1, 2]
+        assert r["traced"] == [["allreduce", 12]] * 5        # the grid's tracer reached all five groups
     cases = {(tuple(r["degrees"]), r["rank"]): r for r in recs if "degrees" in r}
     facts = [(d, p, 4 // (d * p)) for d, p in itertools.product(range(1, 5), repeat=2) if 4 % (d * p) == 0]
     assert len(cases) == 4 * len(facts)

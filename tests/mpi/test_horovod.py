@@ -131,14 +131,21 @@ def test_bench_where_horovods_time_goes(horovod, run_ranks, tmp_path):
     """bench horovod reads Horovod's own timeline: every timed call appears in it, and its
     phases fit inside the call (MPI_Allreduce is the largest part of a 1 MiB call)."""
     out = tmp_path / "hvd.json"
-    run = run_ranks(2, "-m", "psrt.bench", "horovod", "--sizes", "256K,1MiB", "--repeats", "2", "--json", str(out),
-                    timeout=240).check()
+    run = run_ranks(2, "-m", "psrt.bench", "horovod", "--sizes", "256K,1MiB", "--repeats", "2", "--grads", "mlp",
+                    "--json", str(out), timeout=240).check()
     assert "of Horovod's call is the MPI library's MPI_Allreduce" in run.stdout
-    rows = json.loads(out.read_text())["rows"]
+    got = json.loads(out.read_text())
+    rows = got["rows"]
     assert [r["nbytes"] for r in rows] == [256 << 10, 1 << 20]
     for r in rows:
         assert r["calls_timed"] >= 4 and 0 < r["mpi_allreduce_us"] and r["negotiate_us"] >= 0
         assert r["ring_vs_horovod"] == pytest.approx(r["horovod_us"] / r["ring_us"])
+    # a step's gradient list: Horovod fuses the MLP's 6 tensors, its timeline merged over them
+    step = got["gradient_step"]
+    assert step["tensors"] == 6 and step["wrong"] == 0
+    assert step["fused_calls"] >= 1 and step["mpi_allreduce_us"] > 0 and step["memcpy_us"] > 0
+    assert step["ring_vs_horovod"] == pytest.approx(step["horovod_us"] / step["ring_us"])
+    assert "MPI_Allreduce calls per step" in run.stdout
 
 
 @pytest.mark.mpi

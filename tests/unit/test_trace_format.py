@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from psrt.trace import OFF, Tracer, chrome_trace
+from psrt.trace import OFF, Tracer, chrome_trace, clock_offset
 from psrt.trace.__main__ import main
 
 
@@ -57,3 +57,86 @@ def test_a_file_that_is_not_a_trace_is_one_line(tmp_path, capsys):
         main([str(bad)])
     assert exit_.value.code == 2
     assert "bad.json: no traceEvents list: not a Chrome trace" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ clock offsets, measured
+
+class ThreadComm:
+    """Two or more 'ranks' as threads, with mpi4py's lower-case send/recv/gather over queues."""
+
+    def __init__(self, rank: int, size: int, boxes: dict):
+        self.rank, self.size, self.boxes = rank, size, boxes
+
+    def send(self, obj, dest: int, tag: int) -> None:
+        self.boxes[(self.rank, dest, tag)].put(obj)
+
+    def recv(self, source: int, tag: int):
+        return self.boxes[(source, self.rank, tag)].get(timeout=10)
+
+    def gather(self, obj, root: int = 0):
+        if self.rank != root:
+            self.send(obj, root, 1)
+            return None
+        return [obj if r == root else self.recv(r, 1) for r in range(self.size)]
+
+
+def run_ranks(size: int, body):
+    """body(comm) on `size` threads; their results in rank order."""
+    import collections
+    import queue
+    boxes = collections.defaultdict(queue.Queue)
+    results, errors = [None] * size, []
+
+    def run(r):
+        try:
+            results[r] = body(ThreadComm(r, size, boxes))
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    return results
+
+
+SKEW_NS = {0: 0, 1: -1_000 * 10**9, 2: 37 * 10**9}      # rank 1's clock 1000 s behind, rank 2's 37 s ahead
+
+
+def skewed(rank: int):
+    import time
+    return lambda: time.perf_counter_ns() + SKEW_NS[rank]
+
+
+def test_clock_offset_undoes_an_injected_skew():
+    """Each rank's measured offset is minus its skew, within 50 ms (half a round trip at most,
+    of the fastest of several: generous for a busy machine, tiny beside the skews): adding
+    it puts the rank's times on rank 0's clock."""
+    offsets = run_ranks(3, lambda comm: clock_offset(comm, clock=skewed(comm.rank)))
+    assert offsets[0] == 0
+    for r in (1, 2):
+        assert abs(offsets[r] + SKEW_NS[r]) < 50_000_000, (r, offsets[r])
+
+
+def test_written_timeline_lines_up_ranks_whose_clocks_disagree(tmp_path):
+    """Three ranks leave a barrier together and each records a 0.2 s span on its own skewed
+    clock: in the written trace the spans overlap (uncorrected, they would start 1000 s and
+    37 s apart), and the offsets are in the file."""
+    import time
+    gate = threading.Barrier(3)
+    path = tmp_path / "skew.json"
+
+    def body(comm):
+        tracer = Tracer(clock=skewed(comm.rank))
+        gate.wait()
+        with tracer.span("together", "wait"):
+            time.sleep(0.2)
+        tracer.write(comm, path, host=f"h{comm.rank}")
+    run_ranks(3, body)
+    trace = json.loads(path.read_text())
+    spans = {e["pid"]: e for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert sorted(spans) == [0, 1, 2]
+    assert max(e["ts"] for e in spans.values()) < min(e["ts"] + e["dur"] for e in spans.values()), spans
+    offsets = trace["otherData"]["offsets_ns"]
+    assert abs(offsets["1"] - 1_000 * 10**9) < 50_000_000 and abs(offsets["2"] + 37 * 10**9) < 50_000_000

@@ -162,3 +162,14 @@ def test_pairwise_alltoall_counts_the_busiest_link_of_each_step():
     assert predict_alltoall([[0, 1, 2, 3]], M, [0, 0, 1, 1], LINK) == pytest.approx(3 * a + M * b)
     # nothing crosses a link: no prediction
     assert predict_alltoall([[0, 1], [2, 3]], M, [0, 0, 1, 1], LINK) is None
+
+
+def test_runs_the_model_does_not_cover_say_why():
+    """--pp/--tp and --model moe move traffic the model does not price: one line says so
+    (psrt.train prints it under the table instead of the prediction); plain DP runs get one."""
+    assert prediction.not_covered(1, 1, "mlp") is None
+    assert prediction.not_covered(1, 1, "transformer") is None
+    for pp, tp in ((2, 1), (1, 2), (2, 2)):
+        line = prediction.not_covered(pp, tp, "transformer")
+        assert line.startswith("no alpha-beta prediction for --pp/--tp runs: ") and "\n" not in line
+    assert prediction.not_covered(1, 1, "moe").startswith("no alpha-beta prediction for --model moe: ")

@@ -14,6 +14,7 @@ import torch
 import psrt
 from psrt.errors import PsrtError
 from psrt.grid import Grid
+from psrt.trace import Tracer
 
 
 def factorisations(n):
@@ -53,8 +54,13 @@ def main():
             rec[key] = None
         except PsrtError as err:
             rec[key] = str(err)
-    g = Grid.build(world.comm, tp=2)
+    tracer = Tracer()
+    g = Grid.build(world.comm, tp=2, tracer=tracer)
     rec["inferred"] = [g.dp, g.pp, g.tp]
+    # every axis's Communicator records into the grid's tracer: one all-reduce on each
+    for axis in ("dp", "pp", "tp", "ep", "edp"):
+        getattr(g, axis + "_group").allreduce(torch.ones(3), algorithm="ring")
+    rec["traced"] = [(name, args["bytes"]) for name, _, _, _, _, args in tracer.events]
     g.free()
     print("PSRT-RESULT " + json.dumps(rec), flush=True)
 

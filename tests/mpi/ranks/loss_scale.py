@@ -16,7 +16,6 @@ themselves).  The scale starts at 2^10 and grows after 3 good steps (GradScaler'
 a shorter interval), so 7 steps give scales 1024, 512, 512, 256, 256, 256, 512.  Every rank
 prints one `PSRT-RESULT {json}` per strategy and one per reloaded state.
 """
-import copy
 import importlib.util
 import json
 import sys

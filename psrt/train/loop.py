@@ -79,8 +79,7 @@ def check_strategies(cfg: TrainConfig) -> None:
     for dp in cfg.dp_list:
         if hybrid:
             check_hybrid(cfg, dp)
-        elif not grid_run:          # hybrid and MoE runs step on every rank: fp16 works with all
-            precision.check(cfg.precision, dp)
+        elif not grid_run:
             cls = strategy_class(dp)
             make_options(cls.Options, strategy_options(cfg, dp), f"--dp {dp}")   # values checked now
             accepted |= set(option_names(cls))

@@ -7,4 +7,4 @@ PYTHON=${PYTHON:-python3}
 # first variable, Open MPI 5 (PRRTE) the second.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
-exec "$PYTHON" -m pytest -q "$@"
+exec "$PYTHON" -m pytest -q --durations=30 "$@"

@@ -125,7 +125,12 @@ def on_host(cluster, host: str, command: str, keep: Path = ROOT) -> list[str]:
 
 
 def env(cluster, base=os.environ) -> dict:
-    return {**base, "SLURM_CONF": str(conf_path(cluster))}
+    """The daemons' and the jobs' environment: this cluster's slurm.conf, and PMIx's hash
+    store in place of its shared-memory one (gds ds21), whose lock set-up now and then
+    crashes a task inside MPI_Init at address 0 under srun (seen here about once in eight
+    8-rank job steps; openpmix/openpmix#1114, open-mpi/ompi#6761).  A PMIX_MCA_gds of the
+    user's is kept."""
+    return {"PMIX_MCA_gds": "hash", **base, "SLURM_CONF": str(conf_path(cluster))}
 
 
 def require_slurm() -> None:

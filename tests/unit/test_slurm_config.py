@@ -98,3 +98,11 @@ def test_cluster_describes_and_records_slurm():
     env = C.job_env(c, "openmpi4", {})
     assert env["SLURM_CONF"] == "/run/psrt-slurm/node0/slurm.conf"
     assert "SLURM_CONF" not in C.job_env(C.Cluster(("a", "b")), "openmpi4", {})
+
+
+def test_daemons_and_jobs_use_pmix_hash_store_unless_the_user_chose():
+    c = _cluster()
+    got = slurm.env(c, {"PATH": "/bin"})
+    assert got["PMIX_MCA_gds"] == "hash" and got["SLURM_CONF"] == str(slurm.conf_path(c))
+    assert slurm.env(c, {"PMIX_MCA_gds": "ds21"})["PMIX_MCA_gds"] == "ds21"
+    assert C.job_env(c, "openmpi4", {"PATH": "/bin"})["PMIX_MCA_gds"] == "hash"

@@ -1,8 +1,10 @@
 """The sampler's policy and the offline data sets (no MPI)."""
+import numpy as np
 import pytest
 import torch
 
 from psrt.errors import PsrtError
+from psrt.train import data
 from psrt.train.data import ShardedSampler, digits, load, synthetic, text
 
 
@@ -56,6 +58,11 @@ def test_digits_is_the_real_data_set_with_a_fixed_split():
     assert d.input_shape == (1, 8, 8) and d.classes == 10
     assert float(d.train_x.min()) == 0.0 and float(d.train_x.max()) == 1.0
     assert torch.equal(d.test_y, digits().test_y)
+    # the very images and labels scikit-learn's loader gives, in its order
+    from sklearn.datasets import load_digits
+    ref = load_digits()
+    table = data._digits_table()
+    assert np.array_equal(table[:, :-1], ref.data) and np.array_equal(table[:, -1], ref.target)
 
 
 def test_text_windows_are_shifted_by_one_character():

@@ -242,10 +242,8 @@ class Communicator:
         whose wait() returns it when async_op.
         """
         # A small CPU all-reduce made ready before (psrt/collectives/ready.py) runs at once.
-        if out is None:
-            ready = self._ready.shaped.get((t.shape, t.dtype, op, algorithm))
-        else:
-            ready = self._ready.bound.get((t.data_ptr(), out.data_ptr(), t.shape, t.dtype, op, algorithm))
+        key = ReadyCache.key(t, out, op, algorithm)
+        ready = self._ready.get(key, out is not None)
         if (ready is not None and t.is_contiguous() and not t.is_cuda
                 and (out is None or out.is_contiguous() and not out.is_cuda)):
             self.calls += 1      # what _verify counts on the full path
@@ -259,8 +257,6 @@ class Communicator:
         small_cpu = not t.is_cuda and t.dtype in small.DTYPES and small.takes(algo, nbytes)
         if (small_cpu and algo in small.FAST and t.is_contiguous() and self.check != "all"
                 and (out is None or out.is_contiguous() and not out.is_cuda)):
-            key = ((t.shape, t.dtype, op, algorithm) if out is None
-                   else (t.data_ptr(), out.data_ptr(), t.shape, t.dtype, op, algorithm))
             return self._start(self._ready.add(key, t, out, op, algorithm, algo).call, t, out, async_op)
         if small_cpu and algo in small.ALLREDUCE:
             return self._run("allreduce", lambda: self._small_allreduce(t, op, out, algo), async_op, algo, nbytes)

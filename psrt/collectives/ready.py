@@ -94,6 +94,13 @@ class ReadyCache:
         self.seen: dict = {}         # bound keys seen once
         self.nbytes = 0
 
+    @staticmethod
+    def key(t, out, op: str, algorithm: str | None) -> tuple:
+        """A call's key: its shape for a fresh result, its (input, output) buffers with `out`."""
+        if out is None:
+            return (t.shape, t.dtype, op, algorithm)
+        return (t.data_ptr(), out.data_ptr(), t.shape, t.dtype, op, algorithm)
+
     def get(self, key: tuple, bound: bool):
         return (self.bound if bound else self.shaped).get(key)
 
@@ -111,6 +118,8 @@ class ReadyCache:
             key, table = skey, self.shaped
         else:
             table = self.bound if bound else self.shaped
+            if bound:
+                del self.seen[key]
         ready = make(self.group, t, out, op, algo, self.persistent, bound)
         while self.bound or self.shaped:
             if len(self.bound) + len(self.shaped) < MAX_ENTRIES and self.nbytes + ready.nbytes <= MAX_BYTES:
@@ -118,7 +127,6 @@ class ReadyCache:
             self._evict()
         table[key] = ready
         self.nbytes += ready.nbytes
-        self.seen.pop(key, None)
         return ready
 
     def _evict(self) -> None:

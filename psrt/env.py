@@ -106,6 +106,20 @@ def check_all(environ=os.environ) -> None:
         get(name, environ)
 
 
+def yield_when_idle(crowded: bool, environ=os.environ, extra=()) -> str | None:
+    """The mpi_yield_when_idle ("0" or "1") Open MPI's ranks get, or None to leave them what
+    they have.  PSRT_YIELD decides when set; else an OMPI_MCA_mpi_yield_when_idle in `environ`
+    or a `--mca mpi_yield_when_idle` among `extra` (mpirun flags) is the user's and is kept;
+    else ranks on a crowded host (more ranks than cores) yield.  The launchers (psrt.launch)
+    and every rank before MPI starts (psrt.world) apply this one rule."""
+    forced = get("PSRT_YIELD", environ)
+    if forced is not None:
+        return "1" if forced else "0"
+    if "OMPI_MCA_mpi_yield_when_idle" in environ or "mpi_yield_when_idle" in extra:
+        return None
+    return "1" if crowded else None
+
+
 def timeout_s() -> float:
     return get("PSRT_TIMEOUT")
 

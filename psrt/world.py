@@ -121,7 +121,8 @@ def yield_before_mpi_starts(environ=os.environ) -> str | None:
     emulated cluster from the kernel's network work too (an Open MPI ping-pong across a veth
     took 4.8 ms one way busy-polling, 14 us yielding; docs/launching.md).  Open MPI reads
     mpi_yield_when_idle from this process's environment at MPI_Init, so it is set here, the
-    same under mpirun, horovodrun and srun:
+    same under mpirun, horovodrun and srun, by the rule the launchers follow
+    (psrt.env.yield_when_idle):
     - PSRT_YIELD=0 or 1 decides, over any OMPI_MCA_mpi_yield_when_idle the process inherited
       (`mpirun --mca`, mpi_launch and the emulated cluster pass theirs that way) and over
       Open MPI's own choice to yield on a host mpirun knows is oversubscribed;
@@ -131,16 +132,13 @@ def yield_before_mpi_starts(environ=os.environ) -> str | None:
       has cores.
     Returns what to tell the user, or None.
     """
-    forced = env.get("PSRT_YIELD", environ)
-    if forced is not None:
-        environ["OMPI_MCA_mpi_yield_when_idle"] = "1" if forced else "0"
-        return "ranks yield the core while they wait in MPI (PSRT_YIELD=1)" if forced else None
-    if "OMPI_MCA_mpi_yield_when_idle" in environ:
-        return None
     local, cores = _env_local_size(environ), os.cpu_count() or 1
-    if local is None or local <= cores:
+    setting = env.yield_when_idle(local is not None and local > cores, environ)
+    if setting is None:
         return None
-    environ["OMPI_MCA_mpi_yield_when_idle"] = "1"
+    environ["OMPI_MCA_mpi_yield_when_idle"] = setting
+    if env.get("PSRT_YIELD", environ) is not None:
+        return "ranks yield the core while they wait in MPI (PSRT_YIELD=1)" if setting == "1" else None
     return (f"{local} ranks on this host's {cores} cores: ranks yield the core while they wait "
             "in MPI (Open MPI's mpi_yield_when_idle; PSRT_YIELD=0 turns it off)")
 

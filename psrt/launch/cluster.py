@@ -35,11 +35,12 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from psrt import env as psrt_env
 from psrt.errors import ArgumentParser, PsrtError, cli_main
 from psrt.launch import slurm
 from psrt.launch.hostfile import is_local, parse_hostfile, parse_hosts
 from psrt.launch.mpi import find_mpirun, mpi_flavour, run_job
-from psrt.launch.plan import ROOT, plan_mpirun, yield_setting
+from psrt.launch.plan import ROOT, plan_mpirun
 
 AGENT = ROOT / "scripts" / "netns_agent"
 SSH_DIR = ROOT / "scripts" / "netns_ssh"   # holds `ssh`, a link to AGENT
@@ -459,14 +460,14 @@ def job_env(cluster: Cluster, flavour: str, env) -> dict:
     """Environment for a command run on the cluster: MPI settings, this checkout, the agent as
     `ssh` (and SLURM_CONF with Slurm: srun passes the rest on to the tasks).  Open MPI's ranks yield when
     idle, as every emulated host shares this machine's cores, unless PSRT_YIELD=0 or an
-    OMPI_MCA_mpi_yield_when_idle of the user's says otherwise (plan.yield_setting)."""
+    OMPI_MCA_mpi_yield_when_idle of the user's says otherwise (psrt.env.yield_when_idle)."""
     path = [str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     # `ssh HOST CMD` reaches another emulated host through the agent (horovodrun asks every
     # host by ssh before it starts mpirun): no host here runs an ssh server.
     search = [str(SSH_DIR)] + [p for p in env.get("PATH", os.defpath).split(os.pathsep) if p]
     out = {**env, **mpi_env(cluster, flavour), "PYTHONPATH": os.pathsep.join(path),
            "PATH": os.pathsep.join(search)}
-    yield_ = yield_setting(env, crowded=True)
+    yield_ = psrt_env.yield_when_idle(True, env)
     if yield_ is not None and flavour.startswith("openmpi"):
         out["OMPI_MCA_mpi_yield_when_idle"] = yield_
     return slurm.env(cluster, out) if cluster.slurm else out

@@ -137,20 +137,6 @@ def _exports(req: Request, env, threads: int) -> tuple[dict, list[str], list[str
     return values, [n for n in names if n not in values], notes
 
 
-def yield_setting(env, crowded: bool, extra=()) -> str | None:
-    """The mpi_yield_when_idle ("0" or "1") a launcher hands Open MPI's ranks, or None to hand
-    none.  PSRT_YIELD decides when set; else an OMPI_MCA_mpi_yield_when_idle in `env` or a
-    `--mca mpi_yield_when_idle` among the user's `extra` flags is theirs and is kept; else
-    ranks on a crowded host yield.  The ranks apply the same rule before MPI starts
-    (psrt.world.yield_before_mpi_starts), so PSRT_YIELD wins there too."""
-    forced = psrt_env.get("PSRT_YIELD", env)
-    if forced is not None:
-        return "1" if forced else "0"
-    if "OMPI_MCA_mpi_yield_when_idle" in env or "mpi_yield_when_idle" in extra:
-        return None
-    return "1" if crowded else None
-
-
 def _check_hosts_resolve(req: Request, dry_run: bool) -> list[str]:
     """Unknown host names fail here, in one line, not minutes later inside ssh."""
     notes = []
@@ -223,7 +209,7 @@ def plan_mpirun(req: Request, flavour: str, mpirun: str, env, cores: int,
         if bind:
             argv += ["--bind-to", bind]
         argv += list(emulation)
-        yield_ = yield_setting(env, crowded, req.extra)
+        yield_ = psrt_env.yield_when_idle(crowded, env, req.extra)
         if yield_ is not None and "mpi_yield_when_idle" not in req.extra:
             argv += ["--mca", "mpi_yield_when_idle", yield_]
         for k, v in values.items():

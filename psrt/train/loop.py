@@ -417,7 +417,8 @@ def train_moe(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer = O
     grid = Grid.build(world.comm, ep=cfg.ep, tracer=tracer)
     torch.manual_seed(cfg.seed)
     model = build_model("moe", dataset, cfg.width, cfg.layers, cfg.recompute, **moe_options(cfg))
-    for layer in moe_layers(model):
+    layers = moe_layers(model)
+    for layer in layers:
         layer.shard(grid.ep_group, grid.dp_group, algorithm="pairwise")
     compute_dtype, scaler, make_opt = mixed_precision(cfg, world)
     trainer = MoETrainer(model, make_opt, grid, algorithm=cfg.algorithm or MOE_DP[dp], scaler=scaler)
@@ -439,7 +440,7 @@ def train_moe(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer = O
         with tracer.span("step", "step", step=step + 1):
             stats = trainer.step(loss_fn, mbs)
         compute, comm, sent, loss = compute + stats.compute_s, comm + stats.comm_s, sent + stats.bytes_sent, stats.loss
-        routed = routing.add(cfg, dict(stats.extra, layers=len(moe_layers(model))))
+        routed = routing.add(cfg, dict(stats.extra, layers=len(layers)))
         if lead:
             metrics.write({"dp": dp, "step": step + 1, "loss": report.finite(stats.loss), **routed,
                            "compute_s": stats.compute_s, "comm_s": stats.comm_s, "time_s": time.perf_counter() - t0})

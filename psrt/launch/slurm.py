@@ -220,7 +220,6 @@ def wait_idle(cluster, timeout_s: float | None = None) -> None:
         raise NotIdle(f"Slurm did not come up within {timeout_s:.0f} s ({shown})", late)
 
 
-
 def keep_logs(cluster, nodes=()) -> str:
     """Copy the daemons' logs where `down` leaves them; says where, and how the slurmd log of
     each of `nodes` (those that did not come up) ends."""

@@ -88,9 +88,12 @@ def merged_phases(path: Path, tensors: str) -> dict[str, tuple[float, int]]:
             spans.setdefault(name, []).append((start, e["ts"]))
     out = {}
     for name, intervals in spans.items():
+        # A fused call has the same interval on each of its tensors' rows (set: once); two
+        # calls back to back may touch at the timeline's microsecond resolution (lo == end):
+        # still two calls.
         covered, count, end = 0.0, 0, None
-        for lo, hi in sorted(intervals):
-            if end is None or lo > end:
+        for lo, hi in sorted(set(intervals)):
+            if end is None or lo >= end:
                 covered, count, end = covered + hi - lo, count + 1, hi
             elif hi > end:
                 covered, end = covered + hi - end, hi

@@ -38,3 +38,24 @@ def test_bench_offers_horovod_for_allreduce_only():
 # ------------------------------------------------------------------ under horovodrun
 
 
+
+
+# ------------------------------------------------------------------ reading Horovod's timeline
+
+def test_merged_phases_counts_each_fused_call_once(tmp_path):
+    """Two tensors fused into one MPI_Allreduce show the same interval on both rows (one
+    call); the next call starting the microsecond the last one ended is a second call; an
+    interval overlapping another is merged into it; rows of other tensors are left out."""
+    from psrt.bench.horovod import merged_phases
+
+    def row(pid, name, spans):
+        meta = [{"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}}]
+        return meta + [e for lo, hi in spans for e in ({"ph": "B", "name": "MPI_ALLREDUCE", "pid": pid, "ts": lo},
+                                                        {"ph": "E", "name": "MPI_ALLREDUCE", "pid": pid, "ts": hi})]
+    events = (row(1, "allreduce.grad.0", [(0, 10), (10, 20), (30, 40)])
+              + row(2, "allreduce.grad.1", [(0, 10), (10, 20), (35, 45)])
+              + row(3, "allreduce.other", [(100, 200)]))
+    path = tmp_path / "timeline.json"
+    import json
+    path.write_text("[\n" + ",\n".join(json.dumps(e) for e in events) + ",\n")     # as Horovod leaves it
+    assert merged_phases(path, "grad.") == {"MPI_ALLREDUCE": (35.0, 3)}

@@ -114,7 +114,7 @@ def test_ranks_run_the_python_the_user_meant(tmp_path, mpirun):
     extra = ["--mpirun", shutil.which("mpirun")] if mpirun else []
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_COMM_", "PMIX_", "SLURM_"))}
     out = subprocess.run([str(ROOT / "mpi_launch"), "-np", "2", *extra, "python3", "-c",
-                          "import sys, torch; print('EXE', sys.executable)"],
+                          "import sys, torch; sys.stdout.write(f'EXE {sys.executable}\\n')"],
                          capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     seen = [line.split(" ", 1)[1] for line in out.stdout.splitlines() if line.startswith("EXE ")]

@@ -33,6 +33,7 @@ class TorchDDPPeer(DataParallel):
     """torch.nn.parallel.DistributedDataParallel behind psrt's step contract (bench only)."""
 
     name = PEER
+    composes = False               # its protocol owns the whole step (psrt.dp.base)
 
     def __init__(self, model, make_optimizer, group, **options):
         super().__init__(model, make_optimizer, group, **options)

@@ -1,9 +1,27 @@
 """The contract every data-parallel strategy keeps.
 
-A strategy owns the path from local gradients to updated parameters.  It runs the forward
-and backward passes itself (`step`), so a ring DDP can overlap its all-reduce with backward
-and a parameter server can push and pull on its own schedule, while the training loop stays
-the same for all of them.
+A strategy is a component attached to parameters and their optimizer: it owns the path from
+local gradients to updated parameters, and nothing before it.  Whoever built the model runs
+the forward and backward passes (psrt.dp.passes: the plain loop over micro-batches, a
+pipeline schedule, a model with experts) and calls the component around them:
+
+    begin(n)                      a step of n micro-batches starts: gradients cleared
+    with microbatch(k):           around micro-batch k's forward and backward, where the
+        forward                   layout runs micro-batches one after another (zero3 gathers
+        before_backward(k, loss)  its units here; ddp and zero2 arm their bucket hooks so the
+        backward                  reductions overlap with backward)
+    complete(loss) -> StepStats   reduce what is left, update, gather
+
+A layout that interleaves micro-batches (a pipeline schedule) calls only `begin` and
+`complete`; a strategy then reduces everything in `complete` (Megatron-LM's
+finalize_model_grads after the schedule).  `step(loss_fn, microbatches)` is the plain loop
+(psrt.dp.passes.local) around these calls: what psrt.data_parallel's users call.  The
+strategies whose protocol owns the whole step (ps-async, horovod) override `step` and set
+`composes = False`: they train on the world alone.
+
+The component synchronises `params` (default: the model's trainable parameters), over
+`group`, so one model can carry several components: dense parameters over the data-parallel
+group and experts over the expert-data-parallel group (psrt.train.layout).
 
 Equivalence promise (tested for every strategy): with global batch B split over N ranks,
 k calls of `step` leave the same parameters as one process training on the whole batch.
@@ -13,30 +31,17 @@ Each rank's loss is the mean over its own samples, so gradients are averaged ove
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
 
 from psrt.dp.common import optimizer_state_bytes
+from psrt.dp.stats import StepStats  # noqa: F401  (where the strategies take it from)
 from psrt.errors import make_options
 from psrt.trace import OFF
-
-
-@dataclass
-class StepStats:
-    """What one step cost, for the summary table and the JSONL metrics.
-
-    `loss` is the mean loss over the global batch (averaged over workers) where the strategy
-    can provide it cheaply (ddp and zero reduce it together with the gradients); a strategy
-    that reports only this worker's mean sets extra["loss_scope"] = "local".
-    """
-    loss: float = float("nan")
-    compute_s: float = 0.0        # forward + backward (+ optimizer where local)
-    comm_s: float = 0.0           # time blocked in communication (not hidden by overlap)
-    bytes_sent: int = 0           # bytes this rank put on the wire in this step
-    extra: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,9 @@ class DataParallel(abc.ABC):
     name = "base"
     is_worker = True               # False on a dedicated parameter-server rank
     Options = NoOptions
+    composes = True                # False: owns its whole step, plain layout only (see module)
+    frees_grads = False            # True: reduces during backward and drops .grad (zero2, zero3)
+    interleaved_ok = True          # False: needs the micro-batches one after another (zero3)
 
     @property
     def num_workers(self) -> int:
@@ -91,20 +99,53 @@ class DataParallel(abc.ABC):
         """The tensors this rank holds, by part (params, grads, optimizer, buffers), for the
         memory ledger (psrt.dp.memory): by default the model's parameters, their .grad and
         the optimizer.  A strategy that keeps its own copies or shards names them instead."""
-        params = [p for p in self.model.parameters()]
+        params = self.params if self.subset else [p for p in self.model.parameters()]
         return {"params": params, "grads": [p.grad for p in params],
                 "optimizer": getattr(self, "optimizer", None) or []}
 
     def __init__(self, model: torch.nn.Module, make_optimizer: Callable[[Iterable], torch.optim.Optimizer],
-                 group, **options):
+                 group, params: list | None = None, **options):
         self.model = model
         self.make_optimizer = make_optimizer
         self.group = group
+        # A subset (the dense or the expert parameters of a model): nothing else is touched,
+        # broadcast or updated by this component; None: the whole model.
+        self.subset = params is not None
+        self.params = list(params) if params is not None else \
+            [p for p in model.parameters() if p.requires_grad]
         self.options = make_options(self.Options, options, f"--dp {self.name}")
 
-    @abc.abstractmethod
+    # ------------------------------------------------------------ the component contract
+    def begin(self, microbatches: int) -> None:
+        """A step of `microbatches` micro-batches starts: clear the gradients."""
+        self.microbatches = microbatches
+        for p in self.params:
+            p.grad = None
+
+    def microbatch(self, k: int):
+        """A context around micro-batch k's forward and backward (layouts that run them one
+        after another); nothing by default."""
+        return contextlib.nullcontext()
+
+    def before_backward(self, k: int, loss: float) -> None:
+        """Right before micro-batch k's backward; `loss` is the sum of the micro-batch losses
+        so far over the step's number of micro-batches (this rank's mean at the last)."""
+
+    def complete(self, loss: float) -> StepStats:
+        """After every backward of the step: reduce, update, gather.  `loss` is this rank's
+        mean loss; the result's loss is the global mean where the strategy has it."""
+        raise NotImplementedError(f"--dp {self.name} owns its whole step: call step()")
+
     def step(self, loss_fn: Callable[[object], torch.Tensor], microbatches: list) -> StepStats:
         """Forward/backward over this rank's micro-batches, communicate, update parameters."""
+        from psrt.dp.passes import local, run_step
+        return run_step([self], local(loss_fn, self.tracer), microbatches)
+
+    def broadcast_initial(self) -> None:
+        """Every replica from group rank 0's values: the component's parameters, and the
+        model's buffers when it covers the whole model."""
+        from psrt.dp.common import broadcast_tensors
+        broadcast_tensors(self.params + ([] if self.subset else list(self.model.buffers())), self.group)
 
     def serve(self, rounds: int | None = None) -> bool:
         """Run a dedicated server until every worker has finished (servers only), or until

@@ -13,6 +13,34 @@ from psrt.errors import PsrtError
 COMPRESS = dict(zip(COMPRESSIONS, (None, torch.float16, torch.bfloat16)))
 
 
+class Then:
+    """A waitable that runs `after(result)` once the inner handle completes, and returns
+    what `after` returns (a reduction's copy back out of its wire buffer, say)."""
+
+    def __init__(self, handle, after):
+        self._handle, self._after = handle, after
+
+    def wait(self):
+        return self._after(self._handle.wait())
+
+
+def group_by_bytes(tensors: Sequence[torch.Tensor], nbytes: int) -> list[list[int]]:
+    """Indices of consecutive `tensors` grouped into buckets of at least `nbytes` (the last
+    may be smaller); a change of dtype or device starts a new bucket.  The one bucketer of
+    the gradient reducers (ddp's buckets, zero2's reduce-scatter units)."""
+    buckets, cur, size = [], [], 0
+    for i, t in enumerate(tensors):
+        first = tensors[cur[0]] if cur else None
+        if cur and (size >= nbytes or t.dtype != first.dtype or t.device != first.device):
+            buckets.append(cur)
+            cur, size = [], 0
+        cur.append(i)
+        size += t.numel() * t.element_size()
+    if cur:
+        buckets.append(cur)
+    return buckets
+
+
 def check_compress(name: str, offered=tuple(COMPRESS), who: str = "psrt") -> None:
     if name not in offered:
         raise PsrtError(f"--compress {name!r}: {who} offers {', '.join(offered)}", everywhere=True)

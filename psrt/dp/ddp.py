@@ -25,19 +25,8 @@ import torch
 
 from psrt.collectives.cost import wire_bytes
 from psrt.dp.base import DataParallel, StepStats
-from psrt.dp.common import COMPRESS, broadcast_model, check_compress, join_torch
+from psrt.dp.common import COMPRESS, Then, check_compress, group_by_bytes, join_torch
 from psrt.errors import PsrtError
-
-
-class _Then:
-    """A waitable that runs `after()` once the inner handle completes."""
-
-    def __init__(self, handle, after):
-        self._handle, self._after = handle, after
-
-    def wait(self):
-        self._handle.wait()
-        self._after()
 
 
 class AllreduceReducer:
@@ -76,7 +65,7 @@ class CompressedReducer(AllreduceReducer):
             wire = self._wire[id(flat)] = torch.empty(flat.numel(), dtype=self.dtype, device=flat.device)
         wire.copy_(flat.div_(self.group.size))
         handle = self.group.allreduce(wire, op="sum", out=wire, algorithm=self.algorithm, async_op=True)
-        return _Then(handle, lambda: flat.copy_(wire))
+        return Then(handle, lambda _: flat.copy_(wire))
 
     def wire_bytes(self, flat: torch.Tensor) -> int:
         return super().wire_bytes(flat) * torch.empty(0, dtype=self.dtype).element_size() // flat.element_size()
@@ -106,16 +95,8 @@ class _Bucket:
 def make_buckets(params: list, bucket_bytes: int) -> list[_Bucket]:
     """Group `params` in reverse order into buckets of at least `bucket_bytes` (the last may
     be smaller); a change of dtype or device starts a new bucket."""
-    buckets, cur, size = [], [], 0
-    for p in reversed(params):
-        if cur and (size >= bucket_bytes or p.dtype != cur[0].dtype or p.device != cur[0].device):
-            buckets.append(_Bucket(cur))
-            cur, size = [], 0
-        cur.append(p)
-        size += p.numel() * p.element_size()
-    if cur:
-        buckets.append(_Bucket(cur))
-    return buckets
+    backward = list(reversed(params))
+    return [_Bucket([backward[i] for i in idx]) for idx in group_by_bytes(backward, bucket_bytes)]
 
 
 @dataclass(frozen=True)
@@ -148,8 +129,8 @@ class DDP(DataParallel):
     default_algorithm = "ring"
     Options = DDPOptions
 
-    def __init__(self, model, make_optimizer, group, **options):
-        super().__init__(model, make_optimizer, group, **options)
+    def __init__(self, model, make_optimizer, group, params=None, **options):
+        super().__init__(model, make_optimizer, group, params=params, **options)
         opts = self.options
         self.algorithm = opts.algorithm or self.default_algorithm
         self.overlap = opts.overlap
@@ -157,8 +138,8 @@ class DDP(DataParallel):
         self.reducer = (CompressedReducer(group, self.algorithm, wire) if wire
                         else AllreduceReducer(group, self.algorithm))
         self._prepare_backend()
-        broadcast_model(model, group)
-        params = [p for p in model.parameters() if p.requires_grad]
+        self.broadcast_initial()
+        params = self.params
         if not params:
             raise PsrtError("the model has no trainable parameters")
         self.optimizer = make_optimizer(params)
@@ -218,45 +199,50 @@ class DDP(DataParallel):
         finally:
             self._syncing = old
 
-    def step(self, loss_fn, microbatches: list) -> StepStats:
-        start = time.perf_counter()
-        self.optimizer.zero_grad(set_to_none=True)
+    # ------------------------------------------------------------------ the component contract
+    def begin(self, microbatches: int) -> None:
+        super().begin(microbatches)
         for bucket in self.buckets:
             bucket.reset()
         self._next = self._launched_in_backward = 0
-        n, total = len(microbatches), 0.0
-        trace = self.tracer
-        for k, mb in enumerate(microbatches):
-            with trace.span("forward", "compute", microbatch=k):
-                loss = loss_fn(mb)
-            total += loss.item()
-            if k == n - 1:
-                self.buckets[-1].flat[-1] = total / n   # the loss travels with the last bucket
-                self._syncing = True
-            try:
-                # Each micro-batch loss is a mean over its samples: dividing by n makes the
-                # accumulated gradient that of the mean over all of this rank's samples.
-                with trace.span("backward", "compute", microbatch=k):
-                    (loss / n).backward()
-            finally:
-                self._syncing = False
+        self._loss_placed = False
+
+    @contextlib.contextmanager
+    def microbatch(self, k: int):
+        try:
+            yield
+        finally:
+            self._syncing = False
+
+    def before_backward(self, k: int, loss: float) -> None:
+        """The last micro-batch's backward reduces: its buckets launch as they fill."""
+        if k == self.microbatches - 1:
+            self._place_loss(loss)
+            self._syncing = True
+
+    def _place_loss(self, loss: float) -> None:
+        self.buckets[-1].flat[-1] = loss        # the loss travels with the last bucket
+        self._loss_placed = True
+
+    def complete(self, loss: float) -> StepStats:
+        if not self._loss_placed:               # a pipeline schedule: nothing launched yet
+            self._place_loss(loss)
         self._flush()
         waited = time.perf_counter()
-        with trace.span("wait for buckets", "wait", buckets=len(self.buckets)):
+        with self.tracer.span("wait for buckets", "wait", buckets=len(self.buckets)):
             for bucket in self.buckets:
                 bucket.handle.wait()
         comm_s = time.perf_counter() - waited
         # The optimizer reads the averaged gradients where they landed, in the buckets
         # (PyTorch DDP's gradient_as_bucket_view), instead of a copy.  The next step's
-        # zero_grad(set_to_none=True) detaches them again before backward writes.
+        # begin() detaches them again before backward writes.
         for bucket in self.buckets:
             for i, p in enumerate(bucket.params):
                 p.grad = bucket.slot(i).view_as(p)
-        with trace.span("optimizer", "compute"):
+        with self.tracer.span("optimizer", "compute"):
             self.optimizer.step()
-        elapsed = time.perf_counter() - start
         sent = sum(self.reducer.wire_bytes(b.flat) for b in self.buckets)
-        return StepStats(loss=float(self.buckets[-1].flat[-1]), compute_s=elapsed - comm_s, comm_s=comm_s,
+        return StepStats(loss=float(self.buckets[-1].flat[-1]), comm_s=comm_s,
                          bytes_sent=sent, extra={"buckets": len(self.buckets),
                                                  "launched_in_backward": self._launched_in_backward})
 

@@ -75,6 +75,7 @@ class HorovodStrategy(DataParallel):
     """Gradients averaged by hvd.DistributedOptimizer (op=Average), during backward."""
 
     name = "horovod"
+    composes = False               # its protocol owns the whole step (psrt.dp.base)
     Options = HorovodOptions
 
     def __init__(self, model, make_optimizer, group, **options):

@@ -78,6 +78,7 @@ class LossScaler:
         self.growth_interval = growth_interval
         self.good_steps = 0
         self.skipped = 0
+        self.decided = None            # a step's decision taken ahead (decide), or None
 
     def __call__(self, loss: torch.Tensor) -> torch.Tensor:
         return _Scale.apply(loss, self.scale)
@@ -102,6 +103,18 @@ class LossScaler:
             if self.good_steps == self.growth_interval:
                 self.scale *= self.growth_factor
                 self.good_steps = 0
+
+    def decide(self, found_inf: bool) -> None:
+        """One decision for a step whose parameters several optimizers update (a model's
+        dense and expert parameters over different groups): agreed now, from this rank's
+        local gradients (an inf or NaN survives any reduction), followed by every
+        ScaledOptimizer of the step, and applied once by `settle`."""
+        self.decided = self.agree(found_inf)
+
+    def settle(self) -> None:
+        """Apply the decision `decide` took (GradScaler's rule, once)."""
+        found, self.decided = self.decided, None
+        self.update(found)
 
     def follow(self, scale: float, skipped: int) -> None:
         """Take the scale and the count of skipped steps decided elsewhere (a ps-async
@@ -142,12 +155,14 @@ class ScaledOptimizer:
     @torch.no_grad()
     def step(self, closure=None):
         grads = self._grads()
-        found = self.scaler.agree(overflowed(grads))
+        ahead = self.scaler.decided
+        found = self.scaler.agree(overflowed(grads)) if ahead is None else ahead
         if not found:
             for g in grads:
                 g.mul_(1.0 / self.scaler.scale)
             self.optimizer.step()
-        self.scaler.update(found)
+        if ahead is None:
+            self.scaler.update(found)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)

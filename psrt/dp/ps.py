@@ -28,7 +28,7 @@ from psrt.dp.common import optimizer_state_bytes
 from psrt.dp.precision import overflowed, split
 from psrt.dp.ps_protocol import (FOUND, SCALE, TAG_DONE, TAG_PULL, TAG_PUSH, FlatParams, ModelShard, Wire,
                                  average_in_order, broadcast_initial, check_staleness, fill_push,
-                                 local_backward, now, shard_ranges, timeout_option, wait_all)
+                                 now, shard_ranges, timeout_option, wait_all)
 from psrt.dp.roles import Layout, ps_layout
 from psrt.errors import PsrtError
 
@@ -50,8 +50,8 @@ class ParameterServer(DataParallel):
     name = "ps"
     Options = PSOptions
 
-    def __init__(self, model, make_optimizer, group, **options):
-        super().__init__(model, make_optimizer, group, **options)
+    def __init__(self, model, make_optimizer, group, params=None, **options):
+        super().__init__(model, make_optimizer, group, params=params, **options)
         # fp16: the servers' optimizer is the plain one; unscaling and skipping happen in
         # the protocol, which every rank takes part in (the scaler's comm is not used).
         self.make_optimizer, self.scaler = split(make_optimizer)
@@ -60,7 +60,7 @@ class ParameterServer(DataParallel):
         parent = group.comm
         self.rank, self.size = parent.Get_rank(), parent.Get_size()
         self.server_ranks, self.worker_ranks = self._layout(self.size, self.options)
-        self.flat = FlatParams(model)
+        self.flat = FlatParams(self.params if self.subset else model)
         self.ranges = shard_ranges(self.flat.numel, len(self.server_ranks))
         self.is_worker = self.rank in self.worker_ranks
         self.shard = self.server_ranks.index(self.rank) if self.rank in self.server_ranks else None
@@ -123,15 +123,19 @@ class ParameterServer(DataParallel):
         return 0 if self.shard is None else self.holder.state_numel()
 
     # ------------------------------------------------------------ protocol
-    def step(self, loss_fn, microbatches) -> StepStats:
+    def begin(self, microbatches: int) -> None:
         if not self.is_worker:
             raise PsrtError(f"--dp {self.name}: rank {self.rank} is a dedicated server; call serve()")
         if self._finished:
             raise PsrtError(f"--dp {self.name}: rank {self.rank} called step() after finish()")
+        for p in self.flat.params:
+            p.grad = None
+
+    def complete(self, loss: float) -> StepStats:
+        """Push this rank's gradient to every server, serve its own shard's round where it
+        is a server too, pull the new parameters."""
         trace = self.tracer
-        t0 = now()
-        loss = local_backward(self.model, loss_fn, microbatches, trace)
-        t1 = now()
+        t0 = t1 = now()
         reqs, sent = [], 0
         for s, srv in enumerate(self.server_ranks):
             wire = self._push[s]

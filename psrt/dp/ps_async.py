@@ -113,6 +113,7 @@ class AsyncPSOptions:
 
 class AsyncParameterServer(DataParallel):
     name = "ps-async"
+    composes = False               # its protocol owns the whole step (psrt.dp.base)
     Options = AsyncPSOptions
 
     def __init__(self, model, make_optimizer, group, **options):

@@ -80,8 +80,8 @@ class FlatParams:
     per step, and the user's model keeps ordinary parameters (optimizers, hooks, `.to()`).
     """
 
-    def __init__(self, model: torch.nn.Module):
-        self.params = [p for p in model.parameters()]
+    def __init__(self, params):
+        self.params = list(params.parameters() if isinstance(params, torch.nn.Module) else params)
         if not self.params:
             raise PsrtError("parameter-server strategies need a model with parameters")
         dtypes = {p.dtype for p in self.params}

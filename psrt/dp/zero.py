@@ -22,6 +22,7 @@ norm-based ones (LAMB, gradient clipping) would need a global norm first.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -30,7 +31,7 @@ import torch
 from psrt.collectives import ALGORITHMS
 from psrt.collectives.cost import wire_bytes
 from psrt.dp.base import DataParallel, StepStats
-from psrt.dp.common import COMPRESS, broadcast_model, check_compress, flatten, join_torch
+from psrt.dp.common import COMPRESS, Then, check_compress, flatten, group_by_bytes, join_torch
 from psrt.dp.shards import ShardMap, reshard_optimizer
 from psrt.errors import PsrtError
 
@@ -72,14 +73,14 @@ def check_algorithm(name: str, algorithm: str) -> None:
 
 def prepare(strategy, model: torch.nn.Module, group) -> list[torch.nn.Parameter]:
     """What every ZeRO stage does first: its algorithm and wire dtype from the options, rank
-    0's model on every rank; returns the parameters it updates (at least one, one dtype)."""
+    0's values on every rank; returns the parameters it updates (at least one, one dtype)."""
     strategy.algorithm = strategy.options.algorithm or "ring"
     check_algorithm(strategy.name, strategy.algorithm)
     if strategy.algorithm == "torch":
         join_torch(group, model)
     strategy.wire_dtype = COMPRESS[strategy.options.compress]
-    broadcast_model(model, group)
-    params = [p for p in model.parameters() if p.requires_grad]
+    strategy.broadcast_initial()
+    params = strategy.params
     if not params:
         raise PsrtError("the model has no trainable parameters")
     if len({p.dtype for p in params}) != 1:
@@ -167,8 +168,8 @@ class ZeroOptimizer(DataParallel):
     name = "zero1"
     Options = ZeroOptions
 
-    def __init__(self, model, make_optimizer, group, **options):
-        super().__init__(model, make_optimizer, group, **options)
+    def __init__(self, model, make_optimizer, group, params=None, **options):
+        super().__init__(model, make_optimizer, group, params=params, **options)
         self.params = self._order(prepare(self, model, group))
         n, r = group.size, group.rank
         self.map = ShardMap(self._unit_sizes(), n)
@@ -201,19 +202,9 @@ class ZeroOptimizer(DataParallel):
         nbytes = numel * torch.empty(0, dtype=dtype).element_size()
         return wire_bytes(collective, self.algorithm, nbytes, self.group.size, self.group.rank)
 
-    def _backward(self, loss_fn, microbatches: list) -> tuple[float, float, int]:
-        """Forward and backward of every micro-batch, then one reduce-scatter of the whole
-        gradient; (mean local loss, seconds in communication, bytes sent)."""
-        n_mb, total = len(microbatches), 0.0
-        for p in self.params:
-            p.grad = None
-        trace = self.tracer
-        for k, mb in enumerate(microbatches):
-            with trace.span("forward", "compute", microbatch=k):
-                loss = loss_fn(mb)
-            total += loss.item()
-            with trace.span("backward", "compute", microbatch=k):
-                (loss / n_mb).backward()     # mean over this rank's samples, as in ddp.DDP.step
+    def _reduce_gradients(self) -> tuple[float, int]:
+        """After every backward: one reduce-scatter of the whole gradient; (seconds in
+        communication, bytes sent)."""
         flatten([p.grad for p in self.params], like=self.params, out=self.flat_grad)
         for p in self.params:
             p.grad = None                    # the flat gradient holds them now
@@ -221,11 +212,10 @@ class ZeroOptimizer(DataParallel):
         reduce_scatter_into(self.group, self.flat_grad, self.map.units[0].counts, self.grad_parts[0],
                             wire_dtype=self.wire_dtype, algorithm=self.algorithm)
         sent = self._sent("reduce_scatter", self.total, self.wire_dtype or self.flat.dtype)
-        return total / n_mb, time.perf_counter() - t0, sent
+        return time.perf_counter() - t0, sent
 
-    def step(self, loss_fn, microbatches: list) -> StepStats:
-        start = time.perf_counter()
-        local_loss, comm_s, sent = self._backward(loss_fn, microbatches)
+    def complete(self, loss: float) -> StepStats:
+        comm_s, sent = self._reduce_gradients()
         step_shard(self, self.grad_parts)
         t0 = time.perf_counter()
         # Each unit's updated parts, gathered into the flat parameters where they belong, and
@@ -233,14 +223,13 @@ class ZeroOptimizer(DataParallel):
         handles = [self.group.allgather(part, out=self.flat[u.lo:u.hi], counts=list(u.counts),
                                         algorithm=self.algorithm, async_op=True)
                    for u, part in zip(self.map.units, self.parts) if u.numel]
-        losses = self.group.allreduce(self.flat.new_tensor([local_loss]), op="avg", algorithm=self.algorithm)
+        losses = self.group.allreduce(self.flat.new_tensor([loss]), op="avg", algorithm=self.algorithm)
         for h in handles:
             h.wait()
         comm_s += time.perf_counter() - t0
         sent += self._sent("allgather", self.total, self.flat.dtype)
-        elapsed = time.perf_counter() - start
-        return StepStats(loss=float(losses[0]), compute_s=elapsed - comm_s, comm_s=comm_s,
-                         bytes_sent=sent, extra={"shard_elements": self.shard})
+        return StepStats(loss=float(losses[0]), comm_s=comm_s, bytes_sent=sent,
+                         extra={"shard_elements": self.shard})
 
     def memory(self) -> dict:
         return {"params": [self.flat], "grads": [self.flat_grad], "optimizer": self._optimizer_held()}
@@ -292,18 +281,8 @@ def reduce_scatter_into(group, flat: torch.Tensor, counts, out: torch.Tensor, *,
                                     async_op=async_op)
     src, op = (flat, "avg") if wire_dtype is None else ((flat / group.size).to(wire_dtype), "sum")
     handle = group.reduce_scatter(src, op=op, counts=counts, algorithm=algorithm, async_op=True)
-    done = _Then(handle, out.add_ if accumulate else out.copy_)
+    done = Then(handle, out.add_ if accumulate else out.copy_)
     return done if async_op else done.wait()
-
-
-class _Then:
-    """A waitable that runs `after(result)` once the inner handle completes."""
-
-    def __init__(self, handle, after):
-        self._handle, self._after = handle, after
-
-    def wait(self):
-        return self._after(self._handle.wait())
 
 
 class Zero2(ZeroOptimizer):
@@ -368,37 +347,56 @@ class Zero2(ZeroOptimizer):
                 wire_dtype=self.wire_dtype, algorithm=self.algorithm, async_op=True)
             self._next += 1
 
-    def _backward(self, loss_fn, microbatches: list) -> tuple[float, float, int]:
-        """Per micro-batch: backward launches each bucket's reduce-scatter as it completes;
-        the parts of later micro-batches are added to the first's (DeepSpeed's stage 2
-        reduces every micro-batch too: holding the accumulated full gradient is what stage 2
-        avoids)."""
-        n_mb, total, comm_s = len(microbatches), 0.0, 0.0
-        trace = self.tracer
-        for k, mb in enumerate(microbatches):
-            self._accumulate = k > 0          # later micro-batches add to the first's parts
-            self._left = [len(b) for b in self.buckets]
-            self._next = 0
-            self._handles = [None] * len(self.pool)
-            with trace.span("forward", "compute", microbatch=k):
-                loss = loss_fn(mb)
-            total += loss.item()
-            self._syncing = True
-            try:
-                with trace.span("backward", "compute", microbatch=k):
-                    (loss / n_mb).backward()
-            finally:
-                self._syncing = False
-            self._left = [0] * len(self.buckets)    # parameters without a gradient count as zero
-            self._launch_ready()
-            t0 = time.perf_counter()
-            with trace.span("wait for buckets", "wait", buckets=len(self.buckets)):
-                for h in self._handles:
-                    if h is not None:
-                        h.wait()
-            comm_s += time.perf_counter() - t0
-        sent = n_mb * self._sent("reduce_scatter", self.total, self.wire_dtype or self.flat.dtype)
-        return total / n_mb, comm_s, sent
+    # Per micro-batch, where the layout runs them one after another: backward launches each
+    # bucket's reduce-scatter as it completes; the parts of later micro-batches are added to
+    # the first's (DeepSpeed's stage 2 reduces every micro-batch too: holding the accumulated
+    # full gradient is what stage 2 avoids).  A pipeline schedule interleaves the
+    # micro-batches' backwards, so there the gradients accumulate in .grad and every bucket
+    # is reduce-scattered once, in complete().
+    frees_grads = True
+
+    def begin(self, microbatches: int) -> None:
+        super().begin(microbatches)
+        self._comm_s, self._reduced = 0.0, 0
+        self._arm(accumulate=False)
+
+    def _arm(self, accumulate: bool) -> None:
+        self._accumulate = accumulate
+        self._left = [len(b) for b in self.buckets]
+        self._next = 0
+        self._handles = [None] * len(self.pool)
+
+    @contextlib.contextmanager
+    def microbatch(self, k: int):
+        self._arm(accumulate=k > 0)       # later micro-batches add to the first's parts
+        try:
+            yield
+        finally:
+            self._syncing = False
+        self._drain()
+
+    def before_backward(self, k: int, loss: float) -> None:
+        self._syncing = True
+
+    def _drain(self) -> None:
+        """Launch the buckets left (parameters without a gradient count as zero) and wait
+        for every reduce-scatter in flight."""
+        self._left = [0] * len(self.buckets)
+        self._launch_ready()
+        t0 = time.perf_counter()
+        with self.tracer.span("wait for buckets", "wait", buckets=len(self.buckets)):
+            for h in self._handles:
+                if h is not None:
+                    h.wait()
+        self._comm_s += time.perf_counter() - t0
+        self._reduced += 1
+
+    def _reduce_gradients(self) -> tuple[float, int]:
+        if not self._reduced:                # a pipeline schedule: reduce the whole step once
+            self._arm(accumulate=False)
+            self._drain()
+        sent = self._reduced * self._sent("reduce_scatter", self.total, self.wire_dtype or self.flat.dtype)
+        return self._comm_s, sent
 
     def memory(self) -> dict:
         return {"params": [self.flat], "grads": [self.grad_shard], "optimizer": self._optimizer_held(),
@@ -408,20 +406,6 @@ class Zero2(ZeroOptimizer):
         for h in self._hooks:
             h.remove()
         self._hooks = []
-
-
-def group_by_bytes(params: list, nbytes: int) -> list[list[int]]:
-    """Indices of consecutive `params` grouped into buckets of at least `nbytes` (the last
-    may be smaller)."""
-    buckets, cur, size = [], [], 0
-    for i, p in enumerate(params):
-        if cur and size >= nbytes:
-            buckets.append(cur)
-            cur, size = [], 0
-        cur.append(i)
-        size += p.numel() * p.element_size()
-    buckets.append(cur)
-    return buckets
 
 
 class ZeroAlias(ZeroOptimizer):

@@ -24,6 +24,7 @@ for).  The parameters' own tensors are swapped with `.data`, as DeepSpeed's stag
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -92,8 +93,8 @@ class Zero3(DataParallel):
     Options = Zero3Options
     IN_FLIGHT = 2                             # gradient reduce-scatters in flight at once
 
-    def __init__(self, model, make_optimizer, group, **options):
-        super().__init__(model, make_optimizer, group, **options)
+    def __init__(self, model, make_optimizer, group, params=None, **options):
+        super().__init__(model, make_optimizer, group, params=params, **options)
         params = prepare(self, model, group)
         modules, owned, seen = wrap_units(model), [], {}
         for m in modules:
@@ -266,45 +267,47 @@ class Zero3(DataParallel):
         return wire_bytes(collective, self.algorithm, nbytes, self.group.size, self.group.rank)
 
     # ------------------------------------------------------------ the step
-    def step(self, loss_fn, microbatches: list) -> StepStats:
-        start = time.perf_counter()
+    # The units are gathered in forward and freed after it, so micro-batches must run one
+    # after another: a pipeline schedule's interleaving is refused (psrt.train.layout).
+    frees_grads = True
+    interleaved_ok = False
+
+    def begin(self, microbatches: int) -> None:
+        super().begin(microbatches)
         self._comm_s, self._sent = 0.0, 0
-        n_mb, total = len(microbatches), 0.0
+
+    @contextlib.contextmanager
+    def microbatch(self, k: int):
         root = self.units[-1]
-        trace = self.tracer
-        for k, mb in enumerate(microbatches):
-            self._accumulate = k > 0          # later micro-batches add to the first's parts
-            self._order = [u for u in reversed(self.units[:-1])] + [root]
-            self._next = 0
-            for u in self.units:
-                u.left = len(u.params)
-            self._use(root)                          # the root stays whole for the whole pass
-            self._syncing = True
-            try:
-                with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
-                    with trace.span("forward", "compute", microbatch=k):
-                        loss = loss_fn(mb)
-                total += loss.item()
-                with trace.span("backward", "compute", microbatch=k):
-                    (loss / n_mb).backward()
-            finally:
-                self._syncing = False
-            self._reduce_ready(flush=True)           # units with parameters that got no gradient
-            t0 = time.perf_counter()
-            with trace.span("wait for gradients", "wait"):
-                while self._inflight:
-                    self._inflight.pop(0).wait()
-            self._comm_s += time.perf_counter() - t0
-            for u in self.units:                     # a unit forward skipped was never gathered
-                if u.pending is not None:
-                    self._use(u)
-                self._release(u)
+        self._accumulate = k > 0              # later micro-batches add to the first's parts
+        self._order = [u for u in reversed(self.units[:-1])] + [root]
+        self._next = 0
+        for u in self.units:
+            u.left = len(u.params)
+        self._use(root)                          # the root stays whole for the whole pass
+        self._syncing = True
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                yield
+        finally:
+            self._syncing = False
+        self._reduce_ready(flush=True)           # units with parameters that got no gradient
+        t0 = time.perf_counter()
+        with self.tracer.span("wait for gradients", "wait"):
+            while self._inflight:
+                self._inflight.pop(0).wait()
+        self._comm_s += time.perf_counter() - t0
+        for u in self.units:                     # a unit forward skipped was never gathered
+            if u.pending is not None:
+                self._use(u)
+            self._release(u)
+
+    def complete(self, loss: float) -> StepStats:
         step_shard(self, self._grad_parts)
         t0 = time.perf_counter()
-        loss = self.group.allreduce(self.shard.new_tensor([total / n_mb]), op="avg", algorithm=self.algorithm)
+        losses = self.group.allreduce(self.shard.new_tensor([loss]), op="avg", algorithm=self.algorithm)
         self._comm_s += time.perf_counter() - t0
-        elapsed = time.perf_counter() - start
-        return StepStats(loss=float(loss[0]), compute_s=elapsed - self._comm_s, comm_s=self._comm_s,
+        return StepStats(loss=float(losses[0]), comm_s=self._comm_s,
                          bytes_sent=self._sent, extra={"shard_elements": self.shard.numel(),
                                                        "units": len(self.units),
                                                        "prefetch_stream": "none" if self._side is None else "side"})

@@ -24,7 +24,8 @@ from psrt.errors import PsrtError
 
 FORMAT = "psrt-checkpoint-1"
 # Settings a checkpoint only makes sense with: resuming with another value is refused.
-MUST_MATCH = ("model", "data", "width", "layers", "seq_len", "batch_size", "accum", "optimizer")
+MUST_MATCH = ("model", "data", "width", "layers", "seq_len", "batch_size", "accum", "optimizer", "pp", "tp",
+              "ep", "experts")
 
 
 def atomic_save(obj, path: str) -> None:

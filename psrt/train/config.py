@@ -24,8 +24,6 @@ DEFAULT_BATCH = 64
 # The models and data sets psrt.train offers (models.py and data.py build them by these names).
 # --model and --data also take the user's own as an import path, `module:callable` (custom.py).
 MODELS = ("mlp", "cnn", "transformer", "moe")
-# --dp with --model moe: the all-reduce algorithm of the dense gradients
-MOE_DP = {"ring": "ring", "ps": "ps", "native": "native"}
 MOE_DISPATCH = ("variable", "padded")
 DATASETS = ("digits", "text", "synthetic")
 IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
@@ -175,8 +173,6 @@ class TrainConfig:
         if self.pp * self.tp != 1 and self.model not in ("transformer", "moe"):
             raise PsrtError(f"--pp {self.pp} --tp {self.tp}: model parallelism splits the transformer; "
                             f"use --model transformer or moe (got --model {self.model})", everywhere=True)
-        if self.pp * self.tp != 1 and (self.resume or self.checkpoint):
-            raise PsrtError("--checkpoint/--resume are not available with --pp/--tp", everywhere=True)
         if self.resume and not self.checkpoint:
             raise PsrtError("--resume needs --checkpoint FILE (the checkpoint to continue from)",
                             everywhere=True)
@@ -204,15 +200,9 @@ class TrainConfig:
         if self.sequence_parallel:
             raise PsrtError("--sequence-parallel with --model moe: the MoE layers take whole sequences "
                             "(every TP rank routes the same tokens)", everywhere=True)
-        bad = [d for d in self.dp_list if d not in MOE_DP]
-        if bad and self.pp * self.tp == 1:      # with --pp/--tp the hybrid run's --dp check applies
-            raise PsrtError(f"--dp {','.join(bad)} with --model moe: the dense gradients reduce with one "
-                            f"of {', '.join(MOE_DP)}", everywhere=True)
         if self.algorithm == "torch":
             raise PsrtError("--algorithm torch with --model moe: the gradients reduce over psrt's own groups "
                             "(dp, edp); choose one of psrt's algorithms", everywhere=True)
-        if self.resume or self.checkpoint:
-            raise PsrtError("--checkpoint/--resume are not available with --model moe", everywhere=True)
 
     def path_for(self, path: str | None, dp: str) -> str | None:
         """`path` for strategy `dp`: with several strategies, FILE.ext becomes FILE.<dp>.ext."""

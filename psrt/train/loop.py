@@ -9,6 +9,7 @@ See docs/training.md for flags, the sampler policy and learning-rate handling.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -18,14 +19,12 @@ import torch
 import psrt
 from psrt.dp import STRATEGIES, memory, precision, strategy_class
 from psrt.dp.base import option_names
-from psrt.dp.common import optimizer_factory, optimizer_state_bytes
-from psrt.dp.driver import Driver
+from psrt.dp.common import optimizer_factory
 from psrt.errors import PsrtError, make_options
 from psrt.grid import Grid
-from psrt.train import checkpoint, imported, prediction, report
+from psrt.train import checkpoint, imported, layout, prediction, report
 from psrt.train.config import STRATEGY_FLAGS, TrainConfig, flag
 from psrt.train.data import ShardedSampler
-from psrt.train.hybrid import HybridConfig, HybridTrainer
 from psrt.train.models import build_model, loss_and_correct
 from psrt.trace import OFF, Tracer
 from psrt.watchdog import Watchdog
@@ -68,28 +67,21 @@ def strategy_options(cfg: TrainConfig, dp: str) -> dict:
 
 
 def check_strategies(cfg: TrainConfig) -> None:
-    """Before anything trains: every strategy can be loaded and takes its options, and a
-    strategy flag the user set applies to at least one strategy of --dp (a --servers given
-    to --dp ring alone would otherwise change nothing and say nothing).  Hybrid (--pp/--tp)
-    and MoE runs reduce their gradients in flat buffers after backward, with --dp naming the
-    all-reduce: of the strategy flags only --algorithm applies to them."""
-    hybrid = cfg.pp * cfg.tp != 1
-    grid_run = hybrid or cfg.model == "moe"
-    accepted = {"algorithm"} if grid_run else set()
+    """Before anything trains: every strategy can be loaded, takes its options and trains in
+    this layout (psrt.train.layout.refusal), and a strategy flag the user set applies to at
+    least one strategy of --dp (a --servers given to --dp ring alone would otherwise change
+    nothing and say nothing)."""
+    accepted = set()
     for dp in cfg.dp_list:
-        if hybrid:
-            check_hybrid(cfg, dp)
-        elif not grid_run:
-            cls = strategy_class(dp)
-            make_options(cls.Options, strategy_options(cfg, dp), f"--dp {dp}")   # values checked now
-            accepted |= set(option_names(cls))
+        cls = strategy_class(dp)
+        make_options(cls.Options, strategy_options(cfg, dp), f"--dp {dp}")   # values checked now
+        why = layout.refusal(dp, cfg.pp, cfg.tp, cfg.model == "moe", ep=cfg.ep, sequence_parallel=cfg.sequence_parallel,
+                             precision=cfg.precision, servers=cfg.servers)
+        if why:
+            raise PsrtError(why, everywhere=True)
+        accepted |= set(option_names(cls))
     for name in STRATEGY_FLAGS:
         if cfg.given(name) and name not in accepted:
-            if grid_run:
-                where = "--pp/--tp" if hybrid else "--model moe"
-                raise PsrtError(f"{flag(name)} does not apply to --dp {cfg.dp} with {where}: the gradients "
-                                "reduce in one flat all-reduce after backward, whose algorithm --algorithm "
-                                "picks", everywhere=True)
             raise PsrtError(f"{flag(name)} does not apply to --dp {cfg.dp}: it is an option of "
                             f"{', '.join(takers(name)) or 'no strategy'}", everywhere=True)
 
@@ -117,96 +109,156 @@ def evaluate(model, dataset, batch: int = 512, loss=None) -> tuple[float | None,
     return loss_sum / count, None if correct is None else correct / count
 
 
+def build_layout(cfg: TrainConfig, dp: str, world, dataset, tracer: Tracer, make_opt, compute_dtype, scaler):
+    """(the layout, its Communicator to close or None, the loss of a micro-batch for the
+    activations probe) of this run: the whole model on every rank, or the transformer on a
+    grid (psrt.train.layout)."""
+    torch.manual_seed(cfg.seed)
+    if not layout.axes(cfg.pp, cfg.tp, cfg.model == "moe"):
+        group = psrt.Communicator(world.comm, algorithm="auto", tracer=tracer)
+        model = imported.make_model(cfg, dataset)
+        criterion = imported.loss_of(cfg, dataset)
+        loss_fn = autocast_loss(lambda mb: loss_and_correct(model, mb, dataset.task, criterion)[0],
+                                compute_dtype, scaler)
+        return layout.Plain(model, make_opt, dp, group, loss_fn, strategy_options(cfg, dp)), group, criterion
+    grid = Grid.build(world.comm, pp=cfg.pp, tp=cfg.tp, ep=cfg.ep, tracer=tracer)
+    moe = moe_options(cfg) if cfg.model == "moe" else {}
+    dense = build_model("moe" if moe else "transformer", dataset, cfg.width, cfg.layers, cfg.recompute, **moe)
+    on_grid = layout.OnGrid(grid, dense, dp, strategy_options(cfg, dp), make_opt, cfg.accum, compute_dtype,
+                            scaler, cfg.sequence_parallel, tracer)
+    return on_grid, None, None
+
+
 def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | None = None,
               tracer: Tracer = OFF) -> dict | None:
-    """Train with strategy `dp`; returns the summary row on the lead worker, else None."""
-    if cfg.pp * cfg.tp != 1:   # model parallelism
-        return train_hybrid(cfg, dp, world, ctl, dataset, tracer)
-    if cfg.model == "moe":     # expert parallelism
-        return train_moe(cfg, dp, world, ctl, dataset, tracer)
-    group = psrt.Communicator(world.comm, algorithm="auto", tracer=tracer)
-    if dog is not None:
-        dog.watch(group)
-    torch.manual_seed(cfg.seed)
-    model = imported.make_model(cfg, dataset)
-    criterion = imported.loss_of(cfg, dataset)
+    """Train with strategy `dp` in this run's layout; returns the summary row on the lead
+    worker, else None."""
     compute_dtype, scaler, make_opt = mixed_precision(cfg, world)
-    strategy = Driver(model, make_opt, dp, group, **strategy_options(cfg, dp))
-    roles = ctl.allgather(strategy.worker_rank)
+    run, group, criterion = build_layout(cfg, dp, world, dataset, tracer, make_opt, compute_dtype, scaler)
+    if dog is not None and group is not None:
+        dog.watch(group)
+    roles = ctl.allgather(run.worker_rank if run.is_worker else -1)
     lead = roles.index(0)
     is_lead = ctl.rank == lead
-    sampler = ShardedSampler(len(dataset), cfg.batch_size, strategy.num_workers,
-                             max(strategy.worker_rank, 0), cfg.accum, cfg.seed)
+    sampler = ShardedSampler(len(dataset), cfg.batch_size, run.num_workers, run.worker_rank, cfg.accum, cfg.seed)
     total = cfg.steps or cfg.epochs * sampler.steps_per_epoch
     config = dict(cfg.as_dict(), dp=dp)
     ckpt_path = cfg.path_for(cfg.checkpoint, dp)
-    start = checkpoint.load(ckpt_path, ctl, strategy, config) if cfg.resume else 0
+    start = checkpoint.load(ckpt_path, ctl, run.state, config) if cfg.resume else 0
     if cfg.resume and is_lead and not cfg.quiet:
         print(f"psrt.train: resuming {dp} from {ckpt_path} at step {start}", file=sys.stderr, flush=True)
 
-    loss_fn = autocast_loss(lambda mb: loss_and_correct(model, mb, dataset.task, criterion)[0],
-                            compute_dtype, scaler)
-
-    totals = strategy.totals
     metrics = report.Metrics(cfg.path_for(cfg.metrics, dp) if is_lead else None, append=cfg.resume)
-    progress = report.Progress(total - start, f"{dp} x{strategy.num_workers}", enabled=is_lead and not cfg.quiet)
+    progress = report.Progress(total - start, run.label(dp), enabled=is_lead and not cfg.quiet)
     x_all, y_all = dataset.train_x, dataset.train_y
     every = cfg.checkpoint_every
     saves = [k for k in range(start + 1, total) if every and k % every == 0]  # after step k
+    totals = Totals()
+    routing = RoutingTotals()
     ctl.Barrier()
     t0 = time.perf_counter()
-    if strategy.is_worker:
+    if run.is_worker:
         for step in range(start, total):
             mbs = [(x_all[i], y_all[i]) for i in sampler.microbatches(step)]
-            stats = strategy.step(loss_fn, microbatches=mbs)
+            with tracer.span("step", "step", step=step + 1) if group is None else contextlib.nullcontext():
+                stats = run.step(mbs)
+            totals.add(stats)
+            routed = routing.add(cfg, stats.extra["moe"]) if "moe" in stats.extra else {}
             if dog is not None:
                 dog.step(step + 1)
             if is_lead:
                 epoch, _ = sampler.position(step)
                 metrics.write({"dp": dp, "step": step + 1, "epoch": epoch, "loss": report.finite(stats.loss),
+                               **({"pp": cfg.pp, "tp": cfg.tp} if group is None else {}), **routed,
                                "compute_s": stats.compute_s, "comm_s": stats.comm_s,
                                "bytes_sent": stats.bytes_sent, "time_s": time.perf_counter() - t0,
+                               **{k: stats.extra[k] for k in AXIS_BYTES + ("bubble",) if k in stats.extra},
                                **({"loss_scale": scaler.scale} if scaler else {})})
-                progress.update(step + 1 - start, f"loss {stats.loss:.4f}")
+                note = f" dropped {routed['dropped']}" if routed else ""
+                progress.update(step + 1 - start, f"loss {stats.loss:.4f}{note}")
             if step + 1 in saves:
-                checkpoint.save(ckpt_path, ctl, strategy, step + 1, sampler.steps_per_epoch, config)
-        held = strategy.memory()                     # as the last step left it
-        strategy.finish()
+                checkpoint.save(ckpt_path, ctl, run.state, step + 1, sampler.steps_per_epoch, config)
+        held = held_by(run)                           # as the last step left it
+        run.finish()
     else:
         # A dedicated server serves up to each checkpoint, joins it, and serves on.
         done = start
         for at in saves:
-            strategy.serve(rounds=at - done)
-            checkpoint.save(ckpt_path, ctl, strategy, at, sampler.steps_per_epoch, config)
+            run.serve(rounds=at - done)
+            checkpoint.save(ckpt_path, ctl, run.state, at, sampler.steps_per_epoch, config)
             done = at
-        strategy.serve()
-        held = strategy.memory()
-        strategy.finish()
+        run.serve()
+        held = held_by(run)
+        run.finish()
     wall = time.perf_counter() - t0
     if cfg.checkpoint:
-        checkpoint.save(ckpt_path, ctl, strategy, total, sampler.steps_per_epoch, config)
-    test_loss, test_acc = evaluate(model, dataset, loss=criterion) if strategy.is_worker else (None, None)
-    if strategy.is_worker:
+        checkpoint.save(ckpt_path, ctl, run.state, total, sampler.steps_per_epoch, config)
+    model = run.whole()          # the one-process model: on every rank of a plain run, rank 0 of a grid
+    test_loss, test_acc = evaluate(model, dataset, loss=criterion) if is_lead else (None, None)
+    if run.is_worker and group is not None:
         first = sampler.microbatches(0)[0]
-        held["activations"] = activations(model, lambda: loss_fn((x_all[first], y_all[first])))
-    mine = {"worker": strategy.is_worker, "compute_s": totals.compute_s, "comm_s": totals.comm_s,
-            "bytes": strategy.bytes_sent, "opt": strategy.optimizer_state_bytes(), "steps": totals.steps,
-            "loss": totals.loss, "test_loss": test_loss, "test_acc": test_acc, "wall": wall, "held": held}
+        held["activations"] = activations(model, lambda: run.loss_fn((x_all[first], y_all[first])))
+    if not run.is_worker:
+        totals.bytes_sent = run.bytes_sent()
+    mine = {"worker": run.is_worker, "compute_s": totals.compute_s, "comm_s": totals.comm_s,
+            "bytes": totals.bytes_sent, "axis_bytes": totals.axis_bytes,
+            "opt": sum(c.optimizer_state_bytes() for c in run.components), "steps": totals.steps,
+            "loss": totals.loss, "test_loss": test_loss, "test_acc": test_acc, "wall": wall, "held": held,
+            "params": run.params_count(), "a2a": routing.a2a}
     everyone = ctl.gather(mine, root=lead)
-    group.close()
+    if group is not None:
+        group.close()
+    run.free()
     if scaler:
         scaler.comm.Free()
     row = None
     if is_lead:
         if cfg.save:
             checkpoint.atomic_save(model.state_dict(), cfg.path_for(cfg.save, dp))
-        row = summarize(dp, everyone, mine, cfg.batch_size)
+        name = dp if group is not None else (f"{dp} pp{cfg.pp} tp{cfg.tp}" if cfg.pp * cfg.tp > 1 else dp) \
+            + (f" ep{cfg.ep}" if routing.layers else "")
+        row = summarize(name, everyone, mine, cfg.batch_size)
         row["grad_bytes"] = wire_gradient_bytes(model, cfg, dp)
-        row.update(memory_row(dp, everyone, model, cfg))
+        row.update(memory_row(dp, everyone, model, cfg, dp_size=run.num_workers if group is None else None))
         if scaler:
             row.update(loss_scale=scaler.scale, skipped_steps=scaler.skipped)
+        if routing.layers:
+            g = run.grid
+            row.update(moe_summary(cfg, g.dp, routing, total - start, sum(r["a2a"] for r in everyone) / len(everyone),
+                                   model.embed.tok.embedding_dim, layers_per_rank=routing.layers / g.pp))
     metrics.close()
     return row
+
+
+# The bytes a step sent on each axis of a grid (psrt.train.layout.OnGrid.step).
+AXIS_BYTES = ("dp_bytes_sent", "pp_bytes_sent", "tp_bytes_sent", "ep_bytes_sent")
+
+
+class Totals:
+    """Sums over the steps one rank took, and the bytes per axis."""
+
+    def __init__(self):
+        self.steps, self.compute_s, self.comm_s, self.bytes_sent, self.loss = 0, 0.0, 0.0, 0, float("nan")
+        self.axis_bytes = {}
+
+    def add(self, s) -> None:
+        self.steps += 1
+        self.compute_s += s.compute_s
+        self.comm_s += s.comm_s
+        self.bytes_sent += s.bytes_sent
+        self.loss = s.loss
+        for k in AXIS_BYTES:
+            if k in s.extra:
+                self.axis_bytes[k] = self.axis_bytes.get(k, 0) + s.extra[k]
+
+
+def held_by(run) -> dict:
+    """Bytes this rank holds now in each part, summed over its data-parallel components."""
+    out: dict = {}
+    for c in run.components:
+        for part, v in memory.held(c).items():
+            out[part] = out.get(part, 0) + v
+    return out
 
 
 def activations(model, forward) -> int:
@@ -223,16 +275,20 @@ def activations(model, forward) -> int:
                 b.copy_(buffers[k])
 
 
-def memory_row(dp: str, everyone: list[dict], model, cfg: TrainConfig) -> dict:
+def memory_row(dp: str, everyone: list[dict], model, cfg: TrainConfig, dp_size: int | None = None) -> dict:
     """The ledger's columns: the most any rank holds of each part and where (host or device
     memory), the activations of one micro-batch, and ZeRO's formula for the model states
-    (psrt.dp.memory)."""
+    (psrt.dp.memory).  On a grid (dp_size given) the formula takes the largest rank's share
+    of the model (its stages' TP shards) and the data-parallel degree: ZeRO's terms over the
+    dp group, the model divided by pp x tp."""
     most = {part: max(r["held"][part] for r in everyone) for part in memory.PARTS + ("buffers", "host", "device")}
-    phi = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    phi = max(r["params"] for r in everyone) if dp_size else \
+        sum(p.numel() for p in model.parameters() if p.requires_grad)
     k = memory.state_bytes_per_param(cfg.optimizer, cfg.momentum)
     d = next(model.parameters()).element_size()
     offload = bool(cfg.offload_optimizer) and "offload_optimizer" in option_names(strategy_class(dp))
-    expect = memory.formula(dp, phi, sum(r["worker"] for r in everyone), k, d, offload)
+    n = dp_size or sum(r["worker"] for r in everyone)
+    expect = memory.formula(dp, phi, n, k, d, offload) if not (dp_size and cfg.ep > 1) else None
     row = {f"mem_{part}": v for part, v in most.items()}
     row["mem_states"] = max(sum(r["held"][part] for part in memory.PARTS) for r in everyone)
     row["mem_activations"] = max(r["held"].get("activations", 0) for r in everyone)
@@ -240,13 +296,17 @@ def memory_row(dp: str, everyone: list[dict], model, cfg: TrainConfig) -> dict:
     row["offload"] = offload
     if expect is not None:
         row["formula_states"] = sum(expect.values())
-    if cfg.model == "transformer":
+    if cfg.model == "transformer" and not dp_size:
         blocks = model.blocks
         compute = precision.DTYPES[cfg.precision]
         row["formula_activations"] = memory.transformer_activations(
             cfg.seq_len, cfg.batch_size // max(1, sum(r["worker"] for r in everyone)) // cfg.accum,
             blocks[0].ln1.normalized_shape[0], len(blocks), model.head.out.out_features, d, cfg.recompute,
             compute=None if compute is None else torch.empty(0, dtype=compute).element_size())
+    for key in AXIS_BYTES:
+        per_rank = [r["axis_bytes"].get(key, 0) for r in everyone]
+        if any(per_rank):
+            row[key.replace("_sent", "_per_rank")] = sum(per_rank) / len(per_rank)
     return row
 
 
@@ -316,155 +376,10 @@ def set_threads(world) -> None:
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world.local_size))
 
-# ------------------------------------------------------------------ --pp / --tp
-# The transformer cut into pipeline stages, tensor-parallel inside each stage, data parallel
-# over the remaining ranks (psrt.train.hybrid).  Every rank sees the same global batch from
-# the sampler; the trainer slices it by data-parallel rank and micro-batch, weighting each by
-# its share of the global batch, so the gradients are those of the global mean loss whatever
-# the grid (tested against one process).
-
-# --dp names the reducer over the dp axis; these are the ones a hybrid run can use.
-HYBRID_DP = {"ring": "ring", "ps": "ps", "native": "native", "torch": "torch"}
-
-
-def check_hybrid(cfg: TrainConfig, dp: str) -> None:
-    if dp not in HYBRID_DP:
-        raise PsrtError(f"--dp {dp} with --pp/--tp: the data-parallel axis of a hybrid run reduces "
-                        f"with one of {', '.join(HYBRID_DP)}", everywhere=True)
-
-
-def train_hybrid(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer = OFF) -> dict | None:
-    """Train with a DP x PP x TP grid; returns the summary row on grid rank 0, else None."""
-    check_hybrid(cfg, dp)
-    # the grid's communicators record the DP and TP collectives into the timeline
-    grid = Grid.build(world.comm, pp=cfg.pp, tp=cfg.tp, ep=cfg.ep, tracer=tracer)
-    torch.manual_seed(cfg.seed)
-    moe = moe_options(cfg) if cfg.model == "moe" else {}
-    model = build_model("moe" if moe else "transformer", dataset, cfg.width, cfg.layers, cfg.recompute, **moe)
-    hcfg = HybridConfig.for_model(model, schedule="1f1b", microbatches=cfg.accum,
-                                  dp_algorithm=cfg.algorithm or HYBRID_DP[dp],
-                                  sequence_parallel=cfg.sequence_parallel)
-    compute_dtype, scaler, make_opt = mixed_precision(cfg, world)
-    trainer = HybridTrainer(grid, hcfg, dense=model, make_optimizer=make_opt, tracer=tracer,
-                            compute_dtype=compute_dtype, scaler=scaler)
-    sampler = ShardedSampler(len(dataset), cfg.batch_size, grid.dp, grid.dp_rank, cfg.accum, cfg.seed)
-    total = cfg.steps or cfg.epochs * sampler.steps_per_epoch
-    lead = world.rank == 0
-    label = f"{dp} dp{grid.dp}xpp{grid.pp}xtp{grid.tp}"
-    progress = report.Progress(total, label, enabled=lead and not cfg.quiet)
-    metrics = report.Metrics(cfg.path_for(cfg.metrics, dp) if lead else None)
-    compute = comm = 0.0
-    sent, loss = 0, float("nan")
-    routing = RoutingTotals()
-    ctl.Barrier()
-    t0 = time.perf_counter()
-    for step in range(total):
-        idx = sampler.global_indices(step)
-        with tracer.span("step", "step", step=step + 1):
-            stats = trainer.step(dataset.train_x[idx], dataset.train_y[idx])
-        compute, comm, sent, loss = compute + stats.compute_s, comm + stats.comm_s, sent + stats.bytes_sent, stats.loss
-        routed = routing.add(cfg, stats.extra["moe"]) if moe else {}
-        if lead:
-            metrics.write({"dp": dp, "pp": grid.pp, "tp": grid.tp, "step": step + 1,
-                           "loss": report.finite(stats.loss), **routed, "compute_s": stats.compute_s,
-                           "comm_s": stats.comm_s, "bytes_sent": stats.bytes_sent,
-                           "bubble": stats.extra.get("bubble"), "time_s": time.perf_counter() - t0})
-            progress.update(step + 1, f"loss {stats.loss:.4f}")
-    wall = time.perf_counter() - t0
-    state = trainer.dense_state_dict()          # the whole model on grid rank 0
-    mine = {"worker": True, "compute_s": compute, "comm_s": comm, "bytes": sent,
-            "opt": optimizer_state_bytes(trainer.optimizer),
-            "steps": total, "loss": float(loss), "test_loss": None, "test_acc": None, "wall": wall}
-    if moe:
-        mine["a2a"] = routing.a2a
-    everyone = ctl.gather(mine, root=0)
-    grid.free()
-    if scaler:
-        scaler.comm.Free()
-    if not lead:
-        metrics.close()
-        return None
-    model.load_state_dict(state)
-    mine["test_loss"], mine["test_acc"] = evaluate(model, dataset)
-    if cfg.save:
-        checkpoint.atomic_save(model.state_dict(), cfg.path_for(cfg.save, dp))
-    name = f"{dp} pp{grid.pp} tp{grid.tp}" + (f" ep{cfg.ep}" if moe else "")
-    row = summarize(name, everyone, mine, cfg.batch_size)
-    if scaler:
-        row.update(loss_scale=scaler.scale, skipped_steps=scaler.skipped)
-    if moe:
-        row.update(moe_summary(cfg, grid.dp, routing, total, sum(r["a2a"] for r in everyone) / len(everyone),
-                               model.embed.tok.embedding_dim, layers_per_rank=routing.layers / grid.pp))
-    metrics.close()
-    return row
-
-
 # ------------------------------------------------------------------ --model moe
-# The transformer with mixture-of-experts MLPs, experts spread over --ep ranks of each block
-# of the data-parallel ranks (psrt.grid, psrt.ep).  Dense gradients reduce over all ranks with
-# the algorithm of --dp, expert gradients over the ranks holding the same experts.
-
 def moe_options(cfg: TrainConfig) -> dict:
     return {"experts": cfg.experts, "top_k": cfg.top_k, "capacity_factor": cfg.capacity_factor,
             "aux_alpha": cfg.aux_weight, "dispatch": cfg.moe_dispatch}
-
-
-def train_moe(cfg: TrainConfig, dp: str, world, ctl, dataset, tracer: Tracer = OFF) -> dict | None:
-    """Train --model moe; returns the summary row (with the routing) on rank 0, else None."""
-    from psrt.ep.layer import moe_layers
-    from psrt.train.moe import MoETrainer
-    from psrt.train.config import MOE_DP
-    grid = Grid.build(world.comm, ep=cfg.ep, tracer=tracer)
-    torch.manual_seed(cfg.seed)
-    model = build_model("moe", dataset, cfg.width, cfg.layers, cfg.recompute, **moe_options(cfg))
-    layers = moe_layers(model)
-    for layer in layers:
-        layer.shard(grid.ep_group, grid.dp_group, algorithm="pairwise")
-    compute_dtype, scaler, make_opt = mixed_precision(cfg, world)
-    trainer = MoETrainer(model, make_opt, grid, algorithm=cfg.algorithm or MOE_DP[dp], scaler=scaler)
-    loss_fn = autocast_loss(lambda mb: loss_and_correct(model, mb, dataset.task)[0], compute_dtype, scaler)
-
-    sampler = ShardedSampler(len(dataset), cfg.batch_size, grid.dp, grid.dp_rank, cfg.accum, cfg.seed)
-    total = cfg.steps or cfg.epochs * sampler.steps_per_epoch
-    lead = world.rank == 0
-    progress = report.Progress(total, f"{dp} moe ep{cfg.ep}", enabled=lead and not cfg.quiet)
-    metrics = report.Metrics(cfg.path_for(cfg.metrics, dp) if lead else None)
-    x_all, y_all = dataset.train_x, dataset.train_y
-    compute = comm = 0.0
-    sent, loss = 0, float("nan")
-    routing = RoutingTotals()
-    ctl.Barrier()
-    t0 = time.perf_counter()
-    for step in range(total):
-        mbs = [(x_all[i], y_all[i]) for i in sampler.microbatches(step)]
-        with tracer.span("step", "step", step=step + 1):
-            stats = trainer.step(loss_fn, mbs)
-        compute, comm, sent, loss = compute + stats.compute_s, comm + stats.comm_s, sent + stats.bytes_sent, stats.loss
-        routed = routing.add(cfg, dict(stats.extra, layers=len(layers)))
-        if lead:
-            metrics.write({"dp": dp, "step": step + 1, "loss": report.finite(stats.loss), **routed,
-                           "compute_s": stats.compute_s, "comm_s": stats.comm_s, "time_s": time.perf_counter() - t0})
-            progress.update(step + 1, f"loss {stats.loss:.4f} dropped {routed['dropped']}")
-    wall = time.perf_counter() - t0
-    test_loss, test_acc = evaluate(model, dataset)    # every rank: the experts answer all of them
-    mine = {"worker": True, "compute_s": compute, "comm_s": comm, "bytes": sent,
-            "opt": optimizer_state_bytes(trainer.optimizer), "steps": total, "loss": float(loss),
-            "test_loss": test_loss, "test_acc": test_acc, "wall": wall, "a2a": routing.a2a}
-    everyone = ctl.gather(mine, root=0)
-    grid.free()
-    if scaler:
-        scaler.comm.Free()
-    metrics.close()
-    if not lead:
-        return None
-    if cfg.save:
-        checkpoint.atomic_save(model.state_dict(), cfg.path_for(cfg.save, dp))
-    row = summarize(f"{dp} ep{cfg.ep}", everyone, mine, cfg.batch_size)
-    if scaler:
-        row.update(loss_scale=scaler.scale, skipped_steps=scaler.skipped)
-    row.update(moe_summary(cfg, grid.dp, routing, total, sum(r["a2a"] for r in everyone) / len(everyone),
-                           trainer.model_width()))
-    return row
 
 
 class RoutingTotals:

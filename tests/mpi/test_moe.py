@@ -74,12 +74,13 @@ def test_moe_mixed_precision_reaches_the_fp32_loss():
     assert abs(fp16 - fp32) < 0.02 * fp32 and abs(bf16 - fp32) < 0.02 * fp32, (fp32, fp16, bf16)
 
 
-def dense_bytes(**moe) -> int:
-    """fp32 bytes of the MoE transformer's parameters outside its experts (what --dp reduces)."""
+def dense_bytes(experts_too: bool = False, **moe) -> int:
+    """fp32 bytes of the MoE transformer's parameters outside its experts (what --dp reduces
+    over dp), or of its experts."""
     from psrt.train.data import load
     from psrt.train.models import build_model
     model = build_model("moe", load("text", 64), 32, 0, **moe)
-    return 4 * sum(p.numel() for n, p in model.named_parameters() if ".experts." not in n)
+    return 4 * sum(p.numel() for n, p in model.named_parameters() if (".experts." in n) == experts_too)
 
 
 def test_train_moe_summary_and_metrics(tmp_path):
@@ -94,9 +95,12 @@ def test_train_moe_summary_and_metrics(tmp_path):
     assert all(sum(s["routed"]) == 2 * 2 * tokens for s in steps), [sum(s["routed"]) for s in steps]
     assert 0.5 < summary["a2a_bytes_per_step"] / summary["a2a_uniform"] < 1.5, summary
     assert summary["dropped_frac"] < 0.25
-    # --algorithm reduces the dense gradients: recursive doubling sends log2(4) = 2 x M per rank
-    dense = (summary["bytes_per_rank"] - 3 * summary["a2a_bytes_per_step"]) / 3
-    assert dense == pytest.approx(2 * dense_bytes(experts=4, top_k=2), rel=1e-9), summary
+    # --algorithm reduces the gradients: recursive doubling sends log2(4) = 2 x M of the dense
+    # parameters over dp (4 ranks) and log2(2) = 1 x the rank's half of the experts over edp
+    # (2 ranks); each bucket carries one element more (the loss)
+    reduced = (summary["bytes_per_rank"] - 3 * summary["a2a_bytes_per_step"]) / 3
+    expect = 2 * dense_bytes(experts=4, top_k=2) + dense_bytes(True, experts=4, top_k=2) / 2
+    assert reduced == pytest.approx(expect, rel=1e-3), summary
 
 
 @pytest.mark.parametrize("argv,words", [
@@ -106,7 +110,7 @@ def test_train_moe_summary_and_metrics(tmp_path):
      "parallelism is carved out of data parallelism (here 2 ranks / (--pp 2 x --tp 1))"),
     (["--model", "moe", "--top-k", "5"], "--top-k 5: must be between 1 and --experts 4"),
     (["--model", "moe", "--capacity-factor", "-1"], "--capacity-factor -1.0: must be a positive number"),
-    (["--model", "moe", "--dp", "zero"], "--dp zero with --model moe: the dense gradients reduce with one of"),
+    (["--model", "moe", "--ep", "2", "--dp", "zero3"], "--dp zero3 with --model moe --ep 2: the experts' parameters"),
     (["--experts", "8"], "--experts: for --model moe only"),
     (["--model", "moe", "--tp", "2", "--sequence-parallel"], "--sequence-parallel with --model moe"),
 ])

@@ -61,11 +61,16 @@ def test_every_data_parallel_strategy_takes_fp16_and_a_wrong_name_is_one_line():
     assert str(err.value).startswith("--precision 'fp8': choose one of fp32, bf16, fp16"), str(err.value)
 
 
-def test_a_hybrid_or_moe_run_takes_fp16_whatever_its_dp_axis_reduces_with():
-    # every rank steps the optimizer there: --dp only names the all-reduce algorithm
+def test_a_hybrid_or_moe_run_takes_fp16_where_one_decision_covers_the_step():
+    # one component on the dp axis: its servers (ps) or its optimizer decide for the step
     check_strategies(parse_args("--model transformer --pp 2 --dp ps --precision fp16".split()))
     check_strategies(parse_args("--model moe --dp ps --precision fp16".split()))
     check_strategies(parse_args("--model moe --pp 2 --dp ps --precision fp16".split()))
+    # dense over dp and experts over edp: the ring and zero1 agree ahead on local gradients
+    check_strategies(parse_args("--model moe --ep 2 --dp ring,zero1 --precision fp16".split()))
+    for dp in ("ps", "ps-sharded", "zero2"):
+        with pytest.raises(PsrtError, match="one overflow decision"):
+            check_strategies(parse_args(f"--model moe --ep 2 --dp {dp} --precision fp16".split()))
 
 
 def test_a_stale_overflow_skips_without_halving_again():

@@ -53,14 +53,10 @@ def test_the_cli_passes_each_strategy_only_its_own_options(dp):
     ("--dp ring --servers 1", "--servers does not apply to --dp ring: it is an option of ps, ps-sharded, ps-async"),
     ("--dp ps --bucket-mb 4", "--bucket-mb does not apply to --dp ps"),
     ("--dp horovod --algorithm ring", "--algorithm does not apply to --dp horovod"),
-    ("--dp ring --pp 2 --model transformer --servers 1", "--servers does not apply to --dp ring with --pp/--tp"),
-    # the MoE step reduces one flat buffer after backward: no buckets, no overlap, no compression
-    ("--dp ring --model moe --compress fp16", "--compress does not apply to --dp ring with --model moe: the "
-     "gradients reduce in one flat all-reduce after backward, whose algorithm --algorithm picks"),
-    ("--dp ring --model moe --bucket-mb 4", "--bucket-mb does not apply to --dp ring with --model moe"),
-    ("--dp ps --model moe --no-overlap", "--overlap does not apply to --dp ps with --model moe"),
-    ("--dp ps --model moe --servers 1", "--servers does not apply to --dp ps with --model moe"),
-    ("--dp ring --model moe --pp 2 --compress fp16", "--compress does not apply to --dp ring with --pp/--tp"),
+    ("--dp ring --pp 2 --model transformer --servers 1", "--servers does not apply to --dp ring: it is an option of"),
+    ("--dp ps --model moe --no-overlap", "--overlap does not apply to --dp ps"),
+    # every rank of a grid holds a part of the model: no rank is left to serve alone
+    ("--dp ps --model moe --servers 1", "--servers 1 with --model moe: every rank of a grid holds a stage or shard"),
 ])
 def test_a_flag_no_chosen_strategy_takes_is_refused_before_training(argv, words):
     with pytest.raises(PsrtError) as err:
@@ -70,7 +66,11 @@ def test_a_flag_no_chosen_strategy_takes_is_refused_before_training(argv, words)
 
 @pytest.mark.parametrize("argv", ["--dp ps,ring --servers 1", "--dp ring --bucket-mb 4", "--dp ring,zero --compress fp16",
                                   "--dp ps-async --staleness 2 --servers 1", "--dp ring --pp 2 --model transformer --algorithm ps",
-                                  "--dp ring --model moe --algorithm tree"])
+                                  "--dp ring --model moe --algorithm tree",
+                                  # a strategy's flags work in every layout it trains in
+                                  "--dp ring --model moe --compress fp16 --bucket-mb 4",
+                                  "--dp ring --model moe --pp 2 --compress fp16",
+                                  "--dp zero2 --model transformer --pp 2 --bucket-mb 1"])
 def test_flags_that_apply_to_one_chosen_strategy_pass(argv):
     check_strategies(parse_args(argv.split()))
 

@@ -24,6 +24,19 @@ STRATEGIES = {
 }
 
 
+# Which strategies take each option (the fields of their Options dataclasses), readable before
+# torch loads: psrt.train's help text is generated from it, and tests/unit/test_options.py
+# checks it against the Options classes themselves.
+OPTION_TAKERS = {
+    "algorithm": ("ring", "native", "torch", "zero1", "zero2", "zero3", "zero"),
+    "bucket_mb": ("ring", "native", "torch", "zero2"),
+    "overlap": ("ring", "native", "torch", "zero3"),
+    "compress": ("ring", "native", "torch", "zero1", "zero2", "zero3", "zero", "horovod"),
+    "servers": ("ps", "ps-sharded", "ps-async"),
+    "staleness": ("ps", "ps-sharded", "ps-async"),
+    "offload_optimizer": ("zero1", "zero2", "zero3", "zero"),
+}
+
 # --compress: the dtypes gradients may travel in (psrt.dp.common.COMPRESS maps them).
 COMPRESSIONS = ("none", "fp16", "bf16")
 OPTIMIZERS = ("sgd", "adam")

@@ -30,11 +30,16 @@ from psrt.dp.common import broadcast_tensors
 from psrt.errors import PsrtError, make_options
 
 
+# The bytes a step of a grid layout sent on each axis (psrt.train.layout.OnGrid.step).
+AXIS_BYTES = ("dp_bytes_sent", "pp_bytes_sent", "tp_bytes_sent", "ep_bytes_sent")
+
+
 class Totals:
-    """Sums over the steps one rank took."""
+    """Sums over the steps one rank took, the bytes per axis of a grid's among them."""
 
     def __init__(self):
         self.steps, self.compute_s, self.comm_s, self.bytes_sent, self.loss = 0, 0.0, 0.0, 0, float("nan")
+        self.axis_bytes: dict[str, int] = {}
 
     def add(self, s: StepStats) -> None:
         self.steps += 1
@@ -42,6 +47,9 @@ class Totals:
         self.comm_s += s.comm_s
         self.bytes_sent += s.bytes_sent
         self.loss = s.loss
+        for k in AXIS_BYTES:
+            if k in s.extra:
+                self.axis_bytes[k] = self.axis_bytes.get(k, 0) + s.extra[k]
 
 
 def split_batch(batch, k: int) -> list:

@@ -46,6 +46,10 @@ def main(argv=None) -> int:
                 print(f"{row['dp']}: fp16 loss scaling skipped {row['skipped_steps']} of {row['steps']} steps "
                       f"(every rank the same ones); the scale is now {row['loss_scale']:g}")
         for row in rows:
+            line = report.axes_line(row)
+            if line:
+                print(line)
+        for row in rows:
             if row.get("moe"):
                 print("\n" + report.moe_block(row))
         if not cfg.quiet:

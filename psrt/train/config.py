@@ -16,7 +16,7 @@ import typing
 from dataclasses import dataclass, field
 
 from psrt.collectives.algorithms import ALGORITHMS
-from psrt.dp import COMPRESSIONS, DEFAULT_LR, OPTIMIZERS, STRATEGIES
+from psrt.dp import COMPRESSIONS, DEFAULT_LR, OPTIMIZERS, OPTION_TAKERS, STRATEGIES
 from psrt.errors import ArgumentParser, PsrtError
 
 DEFAULT_BATCH = 64
@@ -29,7 +29,7 @@ DATASETS = ("digits", "text", "synthetic")
 IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 # Fields that are options of the data-parallel strategies (psrt.dp: each strategy's Options).
-STRATEGY_FLAGS = ("algorithm", "bucket_mb", "overlap", "compress", "servers", "staleness", "offload_optimizer")
+STRATEGY_FLAGS = tuple(OPTION_TAKERS)
 
 
 def opt(default, help: str, group: str, choices=None, metavar=None, flag=None):
@@ -46,15 +46,14 @@ class TrainConfig:
     algorithm: str | None = opt(None, "collective algorithm of the gradient reducer (default: the "
                                 "strategy's own, e.g. ring for --dp ring)", "strategy",
                                 ("auto",) + ALGORITHMS["allreduce"])
-    bucket_mb: float = opt(25.0, "gradient bucket size in MiB (ring, native, torch, zero2); 25 as in PyTorch DDP",
+    bucket_mb: float = opt(25.0, "gradient bucket size in MiB; 25 as in PyTorch DDP",
                            "strategy", metavar="MB")
     overlap: bool = opt(True, "all-reduce each bucket during backward, as soon as it is ready; zero3: "
                         "prefetch the next unit's parameters (--no-overlap: neither)", "strategy")
     compress: str = opt("none", "dtype communicated gradients travel in", "strategy", COMPRESSIONS)
-    servers: int | None = opt(None, "dedicated parameter-server ranks (ps, ps-sharded, ps-async; "
-                              "0: rank 0 serves and trains).  Default: the strategy's own (0 for ps "
+    servers: int | None = opt(None, "dedicated parameter-server ranks (0: rank 0 serves and trains).  Default: the strategy's own (0 for ps "
                               "and ps-sharded, 1 for ps-async)", "strategy", metavar="S")
-    offload_optimizer: bool | None = opt(None, "zero1/2/3: keep the optimizer state and the fp32 master copy "
+    offload_optimizer: bool | None = opt(None, "keep the optimizer state and the fp32 master copy "
                                          "of this rank's parameters in host memory and update there "
                                          "(ZeRO-Offload; for CUDA models)", "strategy")
     staleness: int | None = opt(None, "bounded staleness of ps-async: how many steps a worker may run "
@@ -320,12 +319,15 @@ def build_parser(prog: str = "python -m psrt.train") -> argparse.ArgumentParser:
         meta = f.metadata
         group = groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
         kind = _base_type(hints[name])
-        kwargs = {"default": f.default, "help": meta["help"] + (
+        # a strategy option names the strategies that take it, in every layout they train in
+        takers = [d for d in OPTION_TAKERS.get(name, ()) if d != "zero"]
+        text = meta["help"] + (f"; --dp {', '.join(takers)}" if takers else "")
+        kwargs = {"default": f.default, "help": text + (
             f" (default: {f.default})" if f.default not in (None, False, True) else "")}
         if kind is bool:
             kwargs["action"] = argparse.BooleanOptionalAction if f.default else "store_true"
             if f.default:
-                kwargs["help"] = meta["help"]
+                kwargs["help"] = text
         else:
             kwargs["type"] = kind
             if meta["choices"]:

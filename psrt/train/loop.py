@@ -20,6 +20,7 @@ import psrt
 from psrt.dp import STRATEGIES, memory, precision, strategy_class
 from psrt.dp.base import option_names
 from psrt.dp.common import optimizer_factory
+from psrt.dp.driver import AXIS_BYTES, Totals
 from psrt.errors import PsrtError, make_options
 from psrt.grid import Grid
 from psrt.train import checkpoint, imported, layout, prediction, report
@@ -228,28 +229,6 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
                                    model.embed.tok.embedding_dim, layers_per_rank=routing.layers / g.pp))
     metrics.close()
     return row
-
-
-# The bytes a step sent on each axis of a grid (psrt.train.layout.OnGrid.step).
-AXIS_BYTES = ("dp_bytes_sent", "pp_bytes_sent", "tp_bytes_sent", "ep_bytes_sent")
-
-
-class Totals:
-    """Sums over the steps one rank took, and the bytes per axis."""
-
-    def __init__(self):
-        self.steps, self.compute_s, self.comm_s, self.bytes_sent, self.loss = 0, 0.0, 0.0, 0, float("nan")
-        self.axis_bytes = {}
-
-    def add(self, s) -> None:
-        self.steps += 1
-        self.compute_s += s.compute_s
-        self.comm_s += s.comm_s
-        self.bytes_sent += s.bytes_sent
-        self.loss = s.loss
-        for k in AXIS_BYTES:
-            if k in s.extra:
-                self.axis_bytes[k] = self.axis_bytes.get(k, 0) + s.extra[k]
 
 
 def held_by(run) -> dict:

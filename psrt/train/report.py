@@ -166,6 +166,17 @@ def memory_block(rows: list[dict], optimizer: str, precision: str = "fp32") -> s
             f"16 Phi/N zero3 with fp32 Adam){mixed}{offload}{acts}\n" + format_table(rows, columns))
 
 
+AXES = (("dp", "dp_bytes_per_rank"), ("pp", "pp_bytes_per_rank"), ("tp", "tp_bytes_per_rank"),
+        ("ep", "ep_bytes_per_rank"))
+
+
+def axes_line(row: dict) -> str | None:
+    """A grid run's bytes per rank and step on each axis: the data-parallel strategy's, the
+    pipeline's activations, the tensor-parallel collectives, the experts' all-to-alls."""
+    parts = [f"{axis} {fmt_bytes(row[key] / max(row['steps'], 1))}" for axis, key in AXES if row.get(key)]
+    return f"{row['dp']}: sent per rank and step by axis: " + ", ".join(parts) if parts else None
+
+
 def moe_block(row: dict) -> str:
     """What the experts did in a --model moe run: tokens routed to each expert per step (the
     load balance), the share dropped over capacity, and the all-to-all bytes per rank beside

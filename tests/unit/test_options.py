@@ -84,3 +84,15 @@ def test_hybrid_config_refuses_an_unknown_option():
     with pytest.raises(PsrtError, match=r"^HybridConfig: unknown option microbatch \(it accepts vocab, "):
         HybridConfig.make(microbatch=4)
     assert HybridConfig.make(microbatches=4).microbatches == 4
+
+
+def test_the_option_table_is_the_strategies_own_options():
+    """psrt.dp.OPTION_TAKERS (read before torch loads, the help text's source) says what the
+    strategies' Options dataclasses say."""
+    from psrt.dp import OPTION_TAKERS, STRATEGIES
+    from psrt.train.loop import takers
+    assert OPTION_TAKERS == {name: tuple(takers(name)) for name in OPTION_TAKERS}
+    from psrt.train.config import build_parser
+    text = " ".join(build_parser().format_help().split())
+    assert "--dp ring, native, torch, zero2" in text and "--dp ps, ps-sharded, ps-async" in text
+    assert set(STRATEGIES) >= {d for ds in OPTION_TAKERS.values() for d in ds}

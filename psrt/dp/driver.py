@@ -20,6 +20,7 @@ has finished.  See docs/training.md, "Your own loop".
 """
 from __future__ import annotations
 
+import os
 from typing import Callable, Iterable
 
 import torch
@@ -27,6 +28,7 @@ import torch
 from psrt.dp import strategy_class
 from psrt.dp.base import StepStats
 from psrt.dp.common import broadcast_tensors
+from psrt.dp.device import pick, to
 from psrt.errors import PsrtError, make_options
 
 
@@ -84,7 +86,7 @@ class Driver:
     """
 
     def __init__(self, model: torch.nn.Module, make_optimizer: Callable[[Iterable], torch.optim.Optimizer],
-                 strategy: str, group, accum: int = 1, own_group: bool = False, **options):
+                 strategy: str, group, accum: int = 1, own_group: bool = False, device=None, **options):
         self.name = strategy
         where = f"psrt.data_parallel(strategy={strategy!r})"
         if not isinstance(model, torch.nn.Module):
@@ -98,6 +100,10 @@ class Driver:
         cls = strategy_class(strategy)
         make_options(cls.Options, options, where)       # before any rank sends a byte
         self.model, self.group, self._own_group = model, group, own_group
+        # device: the model and every batch step() is given go there (psrt.dp.device)
+        self.device = None if device is None else torch.device(device)
+        if self.device is not None:
+            model.to(self.device)
         self.strategy = cls(model, make_optimizer, group, **options)
         # The strategies start every replica from rank 0's parameters; buffers too here, so
         # that the parameter servers (which move parameters only) agree on them as well.
@@ -194,6 +200,8 @@ class Driver:
                 microbatches = split_batch(batch, k)
             elif batch is not None or accum is not None:
                 raise PsrtError("step(): give either a batch (with accum=) or microbatches=, not both")
+            if self.device is not None:
+                microbatches = [to(mb, self.device) for mb in microbatches]
             with self.strategy.tracer.span("step", "step", step=len(self.stats) + 1):
                 stats = self.strategy.step(loss_fn, list(microbatches))
         self.stats.append(stats)
@@ -235,7 +243,8 @@ def _check_accum(accum, where: str) -> int:
 
 
 def data_parallel(model: torch.nn.Module, make_optimizer: Callable[[Iterable], torch.optim.Optimizer],
-                  strategy: str = "ring", *, world=None, group=None, accum: int = 1, **options) -> Driver:
+                  strategy: str = "ring", *, world=None, group=None, accum: int = 1, device: str | None = None,
+                  **options) -> Driver:
     """Train `model` with psrt's data-parallel `strategy` from your own loop.
 
     Args:
@@ -249,6 +258,9 @@ def data_parallel(model: torch.nn.Module, make_optimizer: Callable[[Iterable], t
         world: a psrt.World (default: psrt.init()); the strategy runs on a Dup of its comm.
         group: a psrt.Communicator to run on instead (the caller closes it).
         accum: micro-batches each `step(loss_fn, batch)` cuts the batch into.
+        device: "cpu", "cuda" (this rank's GPU: local rank modulo the GPUs visible) or "auto"
+            (cuda where a GPU is visible): the model moves there, and each batch step() gets.
+            None (default): where the model already is.
         **options: the strategy's options (its Options dataclass: servers=, staleness=,
             bucket_mb=, overlap=, compress=, algorithm=, ...); an unknown one is an error.
 
@@ -263,4 +275,8 @@ def data_parallel(model: torch.nn.Module, make_optimizer: Callable[[Iterable], t
         group = Communicator(world.comm.Dup(), algorithm="auto")
     elif world is not None:
         raise PsrtError("psrt.data_parallel: give world= or group=, not both", everywhere=True)
-    return Driver(model, make_optimizer, strategy, group, accum=accum, own_group=own, **options)
+    if device is not None:
+        local_rank = world.local_rank if world is not None else \
+            int(os.environ.get("LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", 0)))
+        device = pick(device, local_rank)
+    return Driver(model, make_optimizer, strategy, group, accum=accum, own_group=own, device=device, **options)

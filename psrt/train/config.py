@@ -95,6 +95,8 @@ class TrainConfig:
     lr: float | None = opt(None, "learning rate for the global batch, not scaled by the number of "
                            "ranks (default: 0.1 for sgd, 0.003 for adam)", "training", metavar="LR")
     optimizer: str = opt("sgd", "optimizer", "training", OPTIMIZERS)
+    device: str = opt("cpu", "where each rank's model and batches live: cpu, cuda (GPU local rank modulo "
+                      "the GPUs visible), auto (cuda where a GPU is visible)", "training", ("cpu", "cuda", "auto"))
     precision: str = opt("fp32", "compute dtype: bf16 or fp16 run the forward under autocast with fp32 master "
                          "weights; fp16 scales the loss dynamically (GradScaler's rules), every rank skipping "
                          "the same overflowing steps", "training", ("fp32", "bf16", "fp16"))

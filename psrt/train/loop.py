@@ -26,6 +26,8 @@ from psrt.grid import Grid
 from psrt.train import checkpoint, imported, layout, prediction, report
 from psrt.train.config import STRATEGY_FLAGS, TrainConfig, flag
 from psrt.train.data import ShardedSampler
+from psrt.dp.device import pick as pick_device
+from psrt.dp.device import to as to_device
 from psrt.train.models import build_model, loss_and_correct
 from psrt.trace import OFF, Tracer
 from psrt.watchdog import Watchdog
@@ -43,11 +45,12 @@ def mixed_precision(cfg: TrainConfig, world):
     return precision.DTYPES[cfg.precision], scaler, make_opt
 
 
-def autocast_loss(loss_of, compute_dtype, scaler):
-    """loss_of(mb) with the forward in the compute dtype, the loss fp32, scaled for fp16."""
+def autocast_loss(loss_of, compute_dtype, scaler, device=torch.device("cpu")):
+    """loss_of(mb) with mb on `device`, the forward in the compute dtype, the loss fp32,
+    scaled for fp16."""
     def loss_fn(mb):
-        with torch.autocast("cpu", dtype=compute_dtype or torch.float32, enabled=compute_dtype is not None):
-            loss = loss_of(mb).float()
+        with torch.autocast(device.type, dtype=compute_dtype or torch.float32, enabled=compute_dtype is not None):
+            loss = loss_of(to_device(mb, device)).float()
         return scaler(loss) if scaler else loss
     return loss_fn
 
@@ -98,8 +101,9 @@ def evaluate(model, dataset, batch: int = 512, loss=None) -> tuple[float | None,
     for what cannot be measured: an empty test set, accuracy of targets that are not classes."""
     model.eval()
     loss_sum, correct, count = 0.0, 0, 0
+    device = next(model.parameters()).device
     for i in range(0, len(dataset.test_x), batch):
-        x, y = dataset.test_x[i:i + batch], dataset.test_y[i:i + batch]
+        x, y = to_device((dataset.test_x[i:i + batch], dataset.test_y[i:i + batch]), device)
         value, c, n = loss_and_correct(model, (x, y), dataset.task, loss)
         loss_sum += float(value) * n
         correct = None if c is None or correct is None else correct + c
@@ -114,19 +118,20 @@ def build_layout(cfg: TrainConfig, dp: str, world, dataset, tracer: Tracer, make
     """(the layout, its Communicator to close or None, the loss of a micro-batch for the
     activations probe) of this run: the whole model on every rank, or the transformer on a
     grid (psrt.train.layout)."""
+    device = pick_device(cfg.device, world.local_rank)
     torch.manual_seed(cfg.seed)
     if not layout.axes(cfg.pp, cfg.tp, cfg.model == "moe"):
         group = psrt.Communicator(world.comm, algorithm="auto", tracer=tracer)
-        model = imported.make_model(cfg, dataset)
+        model = imported.make_model(cfg, dataset).to(device)
         criterion = imported.loss_of(cfg, dataset)
         loss_fn = autocast_loss(lambda mb: loss_and_correct(model, mb, dataset.task, criterion)[0],
-                                compute_dtype, scaler)
+                                compute_dtype, scaler, device)
         return layout.Plain(model, make_opt, dp, group, loss_fn, strategy_options(cfg, dp)), group, criterion
     grid = Grid.build(world.comm, pp=cfg.pp, tp=cfg.tp, ep=cfg.ep, tracer=tracer)
     moe = moe_options(cfg) if cfg.model == "moe" else {}
     dense = build_model("moe" if moe else "transformer", dataset, cfg.width, cfg.layers, cfg.recompute, **moe)
     on_grid = layout.OnGrid(grid, dense, dp, strategy_options(cfg, dp), make_opt, cfg.accum, compute_dtype,
-                            scaler, cfg.sequence_parallel, tracer)
+                            scaler, cfg.sequence_parallel, tracer, device=device)
     return on_grid, None, None
 
 
@@ -215,7 +220,7 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
     row = None
     if is_lead:
         if cfg.save:
-            checkpoint.atomic_save(model.state_dict(), cfg.path_for(cfg.save, dp))
+            checkpoint.atomic_save({k: v.cpu() for k, v in model.state_dict().items()}, cfg.path_for(cfg.save, dp))
         name = dp if group is not None else (f"{dp} pp{cfg.pp} tp{cfg.tp}" if cfg.pp * cfg.tp > 1 else dp) \
             + (f" ep{cfg.ep}" if routing.layers else "")
         row = summarize(name, everyone, mine, cfg.batch_size)

@@ -46,3 +46,32 @@ def test_sharded_stages_on_cuda(run_ranks):
         assert r["devices"] == ["cuda"], r
     side = [r for r in recs if r["dp"] == "zero3"]
     assert all(r["extra"]["prefetch_stream"] == "side" for r in side), side
+
+
+def _final_losses(run_ranks, np_, *args):
+    """The final train loss of each strategy of a psrt.train run (its --metrics summaries)."""
+    import json
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        run_ranks(np_, "-m", "psrt.train", "--steps", "4", "--quiet", "--metrics", f"{tmp}/m.jsonl", *args,
+                  timeout=300).check()
+        import glob
+        out = {}
+        for path in glob.glob(f"{tmp}/m*.jsonl"):
+            rows = [json.loads(line) for line in open(path)]
+            summary = next(r for r in rows if r.get("summary"))
+            out[summary["dp"]] = summary["train_loss"]
+        return out
+
+
+@pytest.mark.parametrize("layout", [[], ["--model", "transformer", "--pp", "2"],
+                                    ["--model", "moe", "--experts", "4", "--ep", "2"]])
+def test_the_cli_on_cuda_reaches_the_cpu_losses(run_ranks, layout):
+    """psrt.train --device cuda trains what --device cpu trains (fp32 tolerance), with the
+    parameter server, the ring and zero3 (zero1 on a pipeline or with experts)."""
+    dps = "ps,ring,zero3" if not layout else "ps,ring,zero1"
+    cpu = _final_losses(run_ranks, 2, *layout, "--dp", dps, "--device", "cpu")
+    gpu = _final_losses(run_ranks, 2, *layout, "--dp", dps, "--device", "cuda")
+    assert cpu.keys() == gpu.keys() and len(cpu) == 3
+    for dp in cpu:
+        assert abs(cpu[dp] - gpu[dp]) <= 1e-4 * max(1.0, abs(cpu[dp])), (dp, cpu[dp], gpu[dp])

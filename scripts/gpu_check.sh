@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The GPU check: every CUDA test and a short GPU training run beside the CPU's, in one go on a
+# machine with a GPU and nothing installed beyond python3, torch and mpi4py (the checkout on
+# PYTHONPATH).  Prints one table at the end; exits non-zero if a test failed.
+#   bash scripts/gpu_check.sh            # about 3-6 minutes
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1 PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
+PY=${PYTHON:-python3}
+OUTDIR=${OUT:-$(mktemp -d)}
+LOG="$OUTDIR/gpu_check.log"
+say() { printf '%s\n' "$*" | tee -a "$LOG"; }
+
+say "gpu_check: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1)"
+say "gpu_check: $($PY -c 'import torch; from mpi4py import MPI; print("torch", torch.__version__, "| cuda", torch.version.cuda, "|", MPI.Get_library_version().split(",")[0].strip())')"
+
+# 1. every CUDA test (the CPU-only ones skip themselves on a GPU-less machine, never here)
+timeout 330 "$PY" -m pytest -q -p no:cacheprovider -rs tests/mpi/test_cuda.py tests/unit/test_device.py \
+    2>&1 | tee -a "$LOG" | tail -25
+tests=${PIPESTATUS[0]}
+
+# 2. the same training on the CPU and on the GPU, 2 ranks sharing the device
+row() {   # device strategies -> "dp samples/s loss" per strategy
+    local dev=$1 dps=$2 m="$OUTDIR/train_$1.jsonl"
+    timeout 120 mpirun -np 2 --bind-to none "$PY" -m psrt.train --device "$dev" --dp "$dps" --steps 30 \
+        --quiet --metrics "$m" >>"$LOG" 2>&1 || { echo "$dps run-failed"; return; }
+    for dp in ${dps//,/ }; do
+        "$PY" - "$OUTDIR/train_$dev.$dp.jsonl" "$dp" <<'PYEOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+s = next(r for r in rows if r.get("summary"))
+print(sys.argv[2], f"{s['samples_per_s']:.0f}", f"{s['train_loss']:.4f}")
+PYEOF
+    done
+}
+DPS=ps,ring,zero3
+row cpu $DPS >"$OUTDIR/cpu.txt"
+row cuda $DPS >"$OUTDIR/cuda.txt"
+
+say ""
+say "gpu_check summary"
+say "$(grep -E '^[0-9]+ (passed|failed)|passed|failed' "$LOG" | tail -1)"
+printf '%-10s %14s %14s %10s %12s %12s\n' strategy "cpu samples/s" "gpu samples/s" "gpu/cpu" "cpu loss" "gpu loss" | tee -a "$LOG"
+join <(sort "$OUTDIR/cpu.txt") <(sort "$OUTDIR/cuda.txt") | while read -r dp cs cl gs gl; do
+    printf '%-10s %14s %14s %10s %12s %12s\n' "$dp" "$cs" "$gs" "$(awk -v a="$gs" -v b="$cs" 'BEGIN{printf "%.2fx", a/b}')" "$cl" "$gl"
+done | tee -a "$LOG"
+exit "$tests"

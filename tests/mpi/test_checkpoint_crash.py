@@ -23,8 +23,11 @@ from conftest import MPI_SCRIPTS, ROOT, mpirun_argv
 pytestmark = pytest.mark.mpi
 
 STEPS, EVERY = 12, 3
-TRAIN = ["-m", "psrt.train", "--data", "synthetic", "--width", "16", "--batch-size", "16",
+TRAIN = ["-m", "psrt.train", "--width", "16", "--batch-size", "16",
          "--steps", str(STEPS), "--checkpoint-every", str(EVERY), "--quiet", "--seed", "3"]
+# --dp on the whole model, and zero1 on a pipeline (Megatron-LM's distributed optimizer shape)
+LAYOUTS = {"ring": ["--data", "synthetic", "--dp", "ring"], "ps": ["--data", "synthetic", "--dp", "ps"],
+           "pp2-zero1": ["--model", "transformer", "--layers", "2", "--pp", "2", "--dp", "zero1"]}
 
 
 def _env():
@@ -53,9 +56,9 @@ def _kill_job(proc, tag):
                 pass
 
 
-@pytest.mark.parametrize("dp", ["ring", "ps"])
-def test_sigkill_then_resume_is_bitwise_identical(tmp_path, dp):
-    common = ["--dp", dp]
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_sigkill_then_resume_is_bitwise_identical(tmp_path, layout):
+    common = LAYOUTS[layout]
     _train([*TRAIN, *common, "--checkpoint", str(tmp_path / "ref.ckpt"), "--save", str(tmp_path / "ref.pt")])
 
     ckpt, marker, tag = tmp_path / "run.ckpt", tmp_path / "frozen", f"psrt-ckpt-{uuid.uuid4().hex[:10]}"

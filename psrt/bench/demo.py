@@ -74,8 +74,11 @@ def command(args) -> int:
         print(f"psrt demo: wrote {png} (loss curves; step time split, predicted beside measured)")
     from psrt.trace.__main__ import draw, load
     timeline = Path(args.out) / "timeline.png"
-    draw(load(str(Path(args.out) / "trace.json")), str(timeline))
-    print(f"psrt demo: wrote {timeline} (every rank's timeline; {Path(args.out) / 'trace.json'} opens in "
+    # psrt.train writes one timeline per strategy (trace.ps.json, trace.ring.json), on the same
+    # clock: drawn together, the server's steps and then the ring's
+    traces = [Path(args.out) / f"trace.{dp}.json" for dp in ("ps", "ring")]
+    draw([e for t in traces for e in load(str(t))], str(timeline))
+    print(f"psrt demo: wrote {timeline} (every rank's timeline; {traces[0]} and {traces[1].name} open in "
           "ui.perfetto.dev)")
     return 0
 

@@ -14,19 +14,22 @@ import sys
 
 import psrt
 from psrt import faults
-from psrt.errors import cli_main
+from psrt.errors import cli_main, launcher_rank
 from psrt.train import prediction, report
 from psrt.train.config import check_paths, parse_args, plan_batch
 
 
 @cli_main("psrt.train")
 def main(argv=None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if ("-h" in args or "--help" in args) and launcher_rank() not in (None, 0):
+        return 0                  # under mpirun: the help once, from rank 0
     cfg = parse_args(argv)
     check_paths(cfg)
     world = psrt.init()           # MPI only: nothing so far needs torch
     faults.install("psrt.train")
     note = plan_batch(cfg, world.size)
-    if note and world.rank == 0 and not cfg.quiet:
+    if note and world.rank == 0:  # even with --quiet: the batch trained is not the one asked for
         print(f"psrt.train: {note}", file=sys.stderr, flush=True)
     from psrt.train.loop import train_all   # torch from here on
     rows = train_all(cfg, world)

@@ -51,8 +51,9 @@ class TrainConfig:
     overlap: bool = opt(True, "all-reduce each bucket during backward, as soon as it is ready; zero3: "
                         "prefetch the next unit's parameters (--no-overlap: neither)", "strategy")
     compress: str = opt("none", "dtype communicated gradients travel in", "strategy", COMPRESSIONS)
-    servers: int | None = opt(None, "dedicated parameter-server ranks (0: rank 0 serves and trains).  Default: the strategy's own (0 for ps "
-                              "and ps-sharded, 1 for ps-async)", "strategy", metavar="S")
+    servers: int | None = opt(None, "dedicated parameter-server ranks (0: rank 0 serves and trains).  "
+                              "Default: the strategy's own (0 for ps and ps-sharded, 1 for ps-async)",
+                              "strategy", metavar="S")
     offload_optimizer: bool | None = opt(None, "keep the optimizer state and the fp32 master copy "
                                          "of this rank's parameters in host memory and update there "
                                          "(ZeRO-Offload; for CUDA models)", "strategy")
@@ -195,9 +196,8 @@ class TrainConfig:
             raise PsrtError(f"--capacity-factor {self.capacity_factor}: must be a positive number", everywhere=True)
         if not (self.aux_weight >= 0 and math.isfinite(self.aux_weight)):
             raise PsrtError(f"--aux-weight {self.aux_weight}: must be a non-negative number", everywhere=True)
-        if self.ep < 1 or self.experts % self.ep:
-            raise PsrtError(f"--experts {self.experts} does not split over --ep {self.ep}: every rank of an "
-                            "expert-parallel group holds experts/ep experts", everywhere=True)
+        if self.ep < 1:
+            raise PsrtError(f"--ep {self.ep}: must be a positive whole number", everywhere=True)
         if self.sequence_parallel:
             raise PsrtError("--sequence-parallel with --model moe: the MoE layers take whole sequences "
                             "(every TP rank routes the same tokens)", everywhere=True)
@@ -275,6 +275,10 @@ def plan_batch(cfg: TrainConfig, world_size: int) -> str | None:
             check_ep(cfg.ep, dp)
         except PsrtError as err:
             raise PsrtError(f"{err} (here {grid})", everywhere=True) from None
+        # after the ranks: --ep 8 on 4 ranks is about the ranks, whatever the experts
+        if cfg.experts % cfg.ep:
+            raise PsrtError(f"--experts {cfg.experts} does not split over --ep {cfg.ep}: every rank of an "
+                            "expert-parallel group holds experts/ep experts", everywhere=True)
     unit = math.lcm(*(w * cfg.accum for w in workers.values()))
     mb = f"{cfg.accum} micro-batch{'es' * (cfg.accum != 1)} (--accum)"
     if cfg.batch_size_given:

@@ -155,7 +155,7 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
         print(f"psrt.train: resuming {dp} from {ckpt_path} at step {start}", file=sys.stderr, flush=True)
 
     metrics = report.Metrics(cfg.path_for(cfg.metrics, dp) if is_lead else None, append=cfg.resume)
-    progress = report.Progress(total - start, run.label(dp), enabled=is_lead and not cfg.quiet)
+    progress = report.Progress(total, run.label(dp), enabled=is_lead and not cfg.quiet, first=start)
     x_all, y_all = dataset.train_x, dataset.train_y
     every = cfg.checkpoint_every
     saves = [k for k in range(start + 1, total) if every and k % every == 0]  # after step k
@@ -181,7 +181,7 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
                                **{k: stats.extra[k] for k in AXIS_BYTES + ("bubble",) if k in stats.extra},
                                **({"loss_scale": scaler.scale} if scaler else {})})
                 note = f" dropped {routed['dropped']}" if routed else ""
-                progress.update(step + 1 - start, f"loss {stats.loss:.4f}{note}")
+                progress.update(step + 1, f"loss {stats.loss:.4f}{note}")
             if step + 1 in saves:
                 checkpoint.save(ckpt_path, ctl, run.state, step + 1, sampler.steps_per_epoch, config)
         held = held_by(run)                           # as the last step left it
@@ -224,6 +224,9 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
         name = dp if group is not None else (f"{dp} pp{cfg.pp} tp{cfg.tp}" if cfg.pp * cfg.tp > 1 else dp) \
             + (f" ep{cfg.ep}" if routing.layers else "")
         row = summarize(name, everyone, mine, cfg.batch_size)
+        # the step the run reached, a resumed one's earlier steps included (samples/s and the
+        # times are this run's own)
+        row.update(steps=total, steps_run=totals.steps)
         row["grad_bytes"] = wire_gradient_bytes(model, cfg, dp)
         row.update(memory_row(dp, everyone, model, cfg, dp_size=run.num_workers if group is None else None))
         if scaler:
@@ -322,16 +325,18 @@ def train_all(cfg: TrainConfig, world, watchdog: bool = True) -> list[dict] | No
     dataset = imported.load_data(cfg.data, cfg.seq_len)
     # A stuck collective or a silent rank ends the job with a report instead of a hang.
     dog = Watchdog(world, timeout_s=cfg.timeout_s).start() if watchdog else None
-    tracer = Tracer() if cfg.trace else OFF
     mine = {}
     for dp in cfg.dp_list:
+        # one timeline per strategy (FILE.<dp>.json with several, as --metrics), so that two
+        # strategies' steps are never drawn or summed as one run's
+        tracer = Tracer() if cfg.trace else OFF
         row = train_one(cfg, dp, world, ctl, dataset, dog, tracer)
         if row is not None:
             mine[dp] = row
+        if cfg.trace:
+            tracer.write(ctl, cfg.path_for(cfg.trace, dp), world.hostname)   # rank 0 writes every rank's
     # Each strategy's lead worker holds its row (a server may be rank 0): collect them.
     found = ctl.gather(mine, root=0)
-    if cfg.trace:
-        tracer.write(ctl, cfg.trace, world.hostname)      # rank 0 writes the whole job's timeline
     # Comparing strategies: the alpha-beta model of this run's link, beside the measurement,
     # or one line saying why the model does not apply.
     compare = len(cfg.dp_list) > 1

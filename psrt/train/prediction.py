@@ -79,10 +79,10 @@ def annotate(rows: list[dict], link: dict, servers: int | None) -> None:
     n, host_of = link["ranks"], link["host_of"]
     for row in rows:
         p = traffic.predict(row["dp"], n, row["grad_bytes"], host_of, fit, servers)
-        if p is None or not row["steps"]:
+        if p is None or not row.get("steps_run", row["steps"]):
             continue
         row.update(pred_comm_s=p.total_s, regime=p.regime,
-                   pred_step_s=row["compute_s"] / row["steps"] + p.total_s)
+                   pred_step_s=row["compute_s"] / row.get("steps_run", row["steps"]) + p.total_s)
     ps = next((r for r in rows if r["dp"] in PS_FAMILY), None)
     ring = next((r for r in rows if r["dp"] in RING_FAMILY), None)
     if ps and ring:
@@ -105,7 +105,7 @@ def describe(rows: list[dict]) -> str:
              f"gradients {fmt_bytes(rows[0]['grad_bytes'])} per step"]
     table = []
     for r in rows:
-        steps = max(r["steps"], 1)
+        steps = max(r.get("steps_run", r["steps"]), 1)
         table.append({"dp": r["dp"], "pred_comm": duration(r.get("pred_comm_s")),
                       "comm": duration(r["comm_s"] / steps), "pred_step": duration(r.get("pred_step_s")),
                       "step": duration(r["wall_s"] / steps), "regime": r.get("regime", "-")})
@@ -113,7 +113,8 @@ def describe(rows: list[dict]) -> str:
     ring = next((r for r in rows if "crossover_vs" in r), None)
     if ring is not None:
         lines.append(crossover_line(ring, rows))
-    far = [r for r in rows if r.get("pred_comm_s") and r["comm_s"] / max(r["steps"], 1) > 2 * r["pred_comm_s"]]
+    far = [r for r in rows if r.get("pred_comm_s")
+           and r["comm_s"] / max(r.get("steps_run", r["steps"]), 1) > 2 * r["pred_comm_s"]]
     if far:
         lines.append(why_far(far, link))
     return "\n".join(lines)

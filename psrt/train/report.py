@@ -23,9 +23,12 @@ def fmt_bytes(n: float) -> str:
 class Progress:
     """A text bar on stderr when it is a terminal; otherwise a line every ~10% of the run."""
 
-    def __init__(self, total: int, label: str, enabled: bool = True, stream=None, unit: str = "steps"):
-        self.total, self.label, self.enabled = max(total, 1), label, enabled and total > 0
-        self.unit = unit
+    def __init__(self, total: int, label: str, enabled: bool = True, stream=None, unit: str = "steps",
+                 first: int = 0):
+        """`first`: units done before this run (a resumed one), counted in `done` but not
+        in the rate."""
+        self.total, self.label, self.enabled = max(total, 1), label, enabled and total > first
+        self.unit, self.first = unit, first
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self.every = max(1, self.total // 10)
@@ -35,7 +38,7 @@ class Progress:
         """Show that `done` of `total` units are finished; `note` says what was just done."""
         if not self.enabled:
             return
-        rate = done / max(time.perf_counter() - self.start, 1e-9)
+        rate = (done - self.first) / max(time.perf_counter() - self.start, 1e-9)
         text = f"{self.label}: {done}/{self.total} {self.unit} {note} {rate:.1f} {self.unit}/s".replace("  ", " ")
         if self.tty:
             width = 24
@@ -173,7 +176,8 @@ AXES = (("dp", "dp_bytes_per_rank"), ("pp", "pp_bytes_per_rank"), ("tp", "tp_byt
 def axes_line(row: dict) -> str | None:
     """A grid run's bytes per rank and step on each axis: the data-parallel strategy's, the
     pipeline's activations, the tensor-parallel collectives, the experts' all-to-alls."""
-    parts = [f"{axis} {fmt_bytes(row[key] / max(row['steps'], 1))}" for axis, key in AXES if row.get(key)]
+    steps = max(row.get("steps_run", row["steps"]), 1)
+    parts = [f"{axis} {fmt_bytes(row[key] / steps)}" for axis, key in AXES if row.get(key)]
     return f"{row['dp']}: sent per rank and step by axis: " + ", ".join(parts) if parts else None
 
 

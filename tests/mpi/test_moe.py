@@ -104,7 +104,9 @@ def test_train_moe_summary_and_metrics(tmp_path):
 
 
 @pytest.mark.parametrize("argv,words", [
-    (["--model", "moe", "--experts", "6", "--ep", "4"], "--experts 6 does not split over --ep 4"),
+    (["--model", "moe", "--experts", "3", "--ep", "2"], "--experts 3 does not split over --ep 2"),
+    # more expert-parallel ranks than ranks: the ranks are named, not the experts
+    (["--model", "moe", "--ep", "8"], "--ep 8 must divide the data-parallel degree 2"),
     (["--model", "moe", "--experts", "3", "--ep", "3"], "--ep 3 must divide the data-parallel degree 2"),
     (["--model", "moe", "--pp", "2", "--ep", "2"], "--ep 2 must divide the data-parallel degree 1: expert "
      "parallelism is carved out of data parallelism (here 2 ranks / (--pp 2 x --tp 1))"),

@@ -41,9 +41,17 @@ def dp_timeline(tmp_path_factory):
     buckets so that some are reduced during backward: ps serves from rank 0, ps-async from
     rank 2 (its dedicated server)."""
     path = tmp_path_factory.mktemp("trace") / "dp.json"
-    ranks(3, "--dp", "ps,ring,ps-async,torch", "--steps", str(STEPS), "--quiet", "--bucket-mb", "0.01",
+    names = ("ps", "ring", "ps-async", "torch")
+    ranks(3, "--dp", ",".join(names), "--steps", str(STEPS), "--quiet", "--bucket-mb", "0.01",
           "--width", "256", "--trace", str(path)).check()
-    return spans(path)
+    # one timeline per strategy: each holds its own steps only, STEPS per training rank
+    events = []
+    for dp in names:
+        mine = spans(path.with_name(f"dp.{dp}.json"))
+        steps = collections.Counter(e["pid"] for e in mine if e["name"] == "step")
+        assert set(steps.values()) == {STEPS}, (dp, steps)
+        events += mine
+    return events
 
 
 def test_every_strategy_records_its_steps(dp_timeline):

@@ -111,7 +111,7 @@ def test_hybrid_timeline(tmp_path):
     run = ranks(4, "--model", "transformer", "--pp", "2", "--tp", "2", "--dp", "ring,native", "--accum", "4",
                 "--steps", "2", "--width", "32", "--layers", "2", "--quiet", "--trace", str(path)).check()
     assert "no alpha-beta prediction for --pp/--tp runs" in run.stdout
-    events = spans(path)
+    events = spans(path.with_name("pp.ring.json")) + spans(path.with_name("pp.native.json"))
     assert {e["pid"] for e in events} == {0, 1, 2, 3}
     runs = 2 * 2            # two strategies of two steps
     for r in range(4):

@@ -113,7 +113,8 @@ def _create(common, options) -> ProcessGroupPsrt:
             raise PsrtError(f"psrt backend: group {common.group_id}: MPI rank {comm.Get_rank()} "
                             f"differs from torch's group rank {common.group_rank}")
     pg = ProcessGroupPsrt(comm, options, timeout=common.timeout,
-                          on_shutdown=this.stop if this.watchdog is None else None)
+                          on_shutdown=this.stop if this.watchdog is None else None,
+                          ranks=ranks or list(range(world.size)))
     this.watch(pg.group)
     return pg
 

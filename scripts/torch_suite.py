@@ -41,9 +41,9 @@ def _env(np_: int, temp_dir: str | None = None) -> dict:
     return env
 
 
-def list_tests(np_: int) -> list[dict]:
+def list_tests(np_: int, backend: str) -> list[dict]:
     """The suite's tests at this world size: [{"test", "skip": reason or None}]."""
-    proc = subprocess.run([sys.executable, str(RANK_SCRIPT), "--list"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, str(RANK_SCRIPT), "--list", "--backend", backend], capture_output=True, text=True,
                           env=_env(np_), timeout=300)
     if proc.returncode != 0:
         raise SystemExit(f"torch_suite: listing the suite failed: {proc.stderr.strip().splitlines()[-1:]}")
@@ -92,7 +92,7 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def run_job(np_: int, names: list[str], test_timeout: float, log) -> tuple[dict, list[str]]:
+def run_job(np_: int, names: list[str], backend: str, test_timeout: float, log) -> tuple[dict, list[str]]:
     """Run `names` in one mpirun job until it ends or wedges: ({test: (status, reason, seconds)}
     for the tests it got through, including the one it died or wedged in), the tests it did
     not reach."""
@@ -100,7 +100,7 @@ def run_job(np_: int, names: list[str], test_timeout: float, log) -> tuple[dict,
     with tempfile.TemporaryDirectory(prefix="psrt-torch-suite-") as temp_dir:
         for sub in ("barrier", "test_dir"):
             os.mkdir(os.path.join(temp_dir, sub))
-        cmd = local_mpirun_prefix(np_) + [sys.executable, str(RANK_SCRIPT), *names]
+        cmd = local_mpirun_prefix(np_) + [sys.executable, str(RANK_SCRIPT), "--backend", backend, *names]
         proc = subprocess.Popen(cmd, env=_env(np_, temp_dir), stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT)
         done: dict[str, tuple] = {}
@@ -145,9 +145,9 @@ def run_job(np_: int, names: list[str], test_timeout: float, log) -> tuple[dict,
             time.sleep(0.2)
 
 
-def run_suite(np_: int, pattern: list[str], test_timeout: float, log_path: Path) -> dict:
+def run_suite(np_: int, backend: str, pattern: list[str], test_timeout: float, log_path: Path) -> dict:
     """Every test at world size np_: {test: (status, reason, seconds)}, in the suite's order."""
-    listing = list_tests(np_)
+    listing = list_tests(np_, backend)
     results: dict[str, tuple] = {}
     todo = []
     for t in listing:
@@ -162,7 +162,7 @@ def run_suite(np_: int, pattern: list[str], test_timeout: float, log_path: Path)
         while todo:
             log.write(f"=== np={np_}: job over {len(todo)} tests from {todo[0]}\n")
             log.flush()
-            done, todo = run_job(np_, todo, test_timeout, log)
+            done, todo = run_job(np_, todo, backend, test_timeout, log)
             results.update(done)
             for name, (status, reason, seconds) in done.items():
                 print(f"np={np_} {status:8} {name}" + (f"  [{reason}]" if reason else ""), flush=True)
@@ -184,6 +184,8 @@ def summary(np_: int, results: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="PyTorch's distributed test suite on the psrt backend")
     ap.add_argument("--np", default="2,3,4", help="world sizes, comma-separated (default 2,3,4)")
+    ap.add_argument("--backend", default="psrt", choices=("psrt", "gloo"),
+                    help="the backend under test (gloo: the reference, on the same selection)")
     ap.add_argument("-k", default="", help="only tests whose name contains one of these comma-separated words")
     ap.add_argument("--test-timeout", type=float, default=180.0,
                     help="seconds without progress after which a job counts as hung and is killed")
@@ -203,13 +205,13 @@ def main(argv=None) -> int:
     lines, every, bad = [], {}, 0
     t0 = time.monotonic()
     for n in sizes:
-        results = run_suite(n, pattern, args.test_timeout, log_path)
+        results = run_suite(n, args.backend, pattern, args.test_timeout, log_path)
         every[n] = results
         bad += sum(1 for s, _, _ in results.values() if s in BAD)
         for name in static_skips(results):
-            print(f"np={n} skipped  {name}  [{results[name][1]}]")
+            print(f"np={n} skipped  {name}  [{results[name][1]}]", flush=True)
         lines.append(summary(n, results))
-    print(f"torch {__import__('torch').__version__}, DistributedTest._DistTestBase on backend psrt "
+    print(f"torch {__import__('torch').__version__}, DistributedTest._DistTestBase on backend {args.backend} "
           f"(gloo's selection), {time.monotonic() - t0:.0f} s:")
     for line in lines:
         print("  " + line)

@@ -6,13 +6,15 @@ driver ran it (test/distributed/test_distributed_fork.py before PyTorch 1.9): ev
 mpirun job joins one default process group and runs the same tests in the same order, and the
 suite's file barrier works in a TEMP_DIR that the ranks share.
 
-The suite picks its tests at import time from the environment variable BACKEND; it is told
-"gloo", so gloo's selection applies (the CPU backend psrt stands in for), and the module's
-BACKEND is then set to "psrt" so that what the tests create at run time (groups, re-initialised
-default groups, `dist.Backend(BACKEND)`) is psrt's.
+The suite picks its tests at import time, and some of their code paths at run time, from the
+environment variable BACKEND; it is told "gloo", so gloo's selection and CPU paths apply (the
+CPU backend psrt stands in for).  The default group is psrt's, and so is every group the tests
+make from it (`new_group` without a backend takes the default group's).  The tests that check
+the name of the backend they run on see "psrt" (NAMES_ITS_BACKEND).
 
     python3 scripts/torch_suite_rank.py --list                  # JSON: each test, skipped why or null
     mpirun -np N python3 scripts/torch_suite_rank.py TEST...    # run them; TEMP_DIR/results.RANK
+    ... --backend gloo                                          # the same on gloo, for reference
 
 Each rank appends one JSON line per test to TEMP_DIR/results.<rank> ({"test", "event": "start"}
 before it, {"test", "event": "end", "status", "reason"} after it), flushed at once, so the
@@ -33,7 +35,16 @@ from datetime import timedelta
 SUITE_BACKEND = "gloo"   # whose test selection applies
 
 # Tests psrt does not run, and why (docs/torch_backend.md, "PyTorch's distributed test suite").
-PSRT_SKIPS: dict[str, str] = {}
+_MONITORED = ("torch.distributed.monitored_barrier runs only on a group whose backend is gloo "
+              "(distributed_c10d.py raises ValueError for any other backend by name)")
+PSRT_SKIPS: dict[str, str] = {
+    f"test_monitored_barrier_{case}": _MONITORED
+    for case in ("gloo", "gloo_subgroup", "allreduce_hang", "allreduce_hang_wait_all_ranks",
+                 "gloo_rank_0_timeout", "failure_order", "wait_all_ranks")}
+
+# Tests that check the name of the backend they run on: for them the suite's BACKEND is "psrt".
+# Every other test sees "gloo", so that its CPU code paths (`if BACKEND == "gloo"`) are gloo's.
+NAMES_ITS_BACKEND = ("test_get_backend", "test_Backend_enum_class")
 
 
 def _suite():
@@ -43,20 +54,20 @@ def _suite():
     return distributed_test
 
 
-def _static_skip(fn) -> str | None:
+def _static_skip(fn, backend: str) -> str | None:
     """The reason a test is skipped whatever the backend does (unittest's skip decorators,
-    evaluated at import), or psrt's own reason; None when it runs."""
-    if fn.__name__ in PSRT_SKIPS:
-        return "psrt: " + PSRT_SKIPS[fn.__name__]
+    evaluated at import), or psrt's own reason on psrt; None when it runs."""
     if getattr(fn, "__unittest_skip__", False):
         return getattr(fn, "__unittest_skip_why__", "") or "skipped by the suite"
+    if backend == "psrt" and fn.__name__ in PSRT_SKIPS:
+        return "psrt: " + PSRT_SKIPS[fn.__name__]
     return None
 
 
-def list_tests() -> list[dict]:
+def list_tests(backend: str = "psrt") -> list[dict]:
     base = _suite().DistributedTest._DistTestBase
     names = unittest.TestLoader().getTestCaseNames(base)
-    return [{"test": n, "skip": _static_skip(getattr(base, n))} for n in names]
+    return [{"test": n, "skip": _static_skip(getattr(base, n), backend)} for n in names]
 
 
 class _Result(unittest.TestResult):
@@ -92,7 +103,7 @@ def _outcome(result: _Result) -> tuple[str, str]:
     return "passed", ""
 
 
-def run_tests(names: list[str]) -> int:
+def run_tests(names: list[str], backend: str = "psrt") -> int:
     import psrt.c10d  # noqa: F401 - registers "psrt" and joins MPI
     import torch.distributed as dist
     from mpi4py import MPI
@@ -100,9 +111,8 @@ def run_tests(names: list[str]) -> int:
     from torch.testing._internal.common_utils import TestCase
 
     suite = _suite()
-    suite.BACKEND = "psrt"
     base = suite.DistributedTest._DistTestBase
-    dist.init_process_group(backend="psrt", timeout=timedelta(seconds=suite.default_pg_timeout))
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=suite.default_pg_timeout))
     rank = dist.get_rank()
     init_method = suite.INIT_METHOD
 
@@ -124,6 +134,7 @@ def run_tests(names: list[str]) -> int:
         sync.Barrier()
         out.write(json.dumps({"test": name, "event": "start"}) + "\n")
         t0 = time.monotonic()
+        suite.BACKEND = backend if name in NAMES_ITS_BACKEND else SUITE_BACKEND
         case = PsrtSuite(name)
         case.rank = rank
         result = _Result(skips)
@@ -134,7 +145,7 @@ def run_tests(names: list[str]) -> int:
             status, reason = "error", "".join(traceback.format_exception_only(err)).strip()[:500]
         if not dist.is_initialized():
             # A test that destroyed the default group and did not make it again.
-            dist.init_process_group(backend="psrt", timeout=timedelta(seconds=suite.default_pg_timeout))
+            dist.init_process_group(backend=backend, timeout=timedelta(seconds=suite.default_pg_timeout))
         out.write(json.dumps({"test": name, "event": "end", "status": status, "reason": reason,
                               "seconds": round(time.monotonic() - t0, 2)}) + "\n")
     sync.Barrier()
@@ -147,12 +158,14 @@ def run_tests(names: list[str]) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--list", action="store_true", help="print the suite's tests as JSON and exit")
+    ap.add_argument("--backend", default="psrt", choices=("psrt", "gloo"),
+                    help="the default group's backend (gloo: the reference run)")
     ap.add_argument("tests", nargs="*")
     args = ap.parse_args(argv)
     if args.list:
-        print(json.dumps(list_tests()))
+        print(json.dumps(list_tests(args.backend)))
         return 0
-    return run_tests(args.tests)
+    return run_tests(args.tests, args.backend)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ import torch.distributed as dist
 def timeout_message(what: str, seconds: float, waits_for: str) -> str:
     """The error of a call that did not finish within its group's timeout.  "Timed out" is the
     wording torch's own backends use (ProcessGroupGloo), which callers match on."""
-    return (f"psrt backend: {what}: Timed out after {seconds:g} s (the group's timeout, "
-            f"init_process_group/new_group timeout=) waiting for {waits_for or 'its peers'}")
+    return (f"psrt backend: {what}: Timed out after {seconds:g} s waiting for {waits_for or 'its peers'} "
+            "(the timeout= of the group, or of the call)")
 
 
 class _Failed:

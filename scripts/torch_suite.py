@@ -6,7 +6,9 @@
 Runs `DistributedTest._DistTestBase` of the installed torch with gloo's test selection (see
 scripts/torch_suite_rank.py) in one mpirun job per world size.  A test that kills the job, or
 after which the job makes no progress for --test-timeout seconds (it is then killed), is
-reported as crashed or hung, and a new job goes on with the tests after it.  Prints one line
+reported as crashed or hung, and a new job goes on with the tests after it; so does one after a
+test that failed (the ranks end their job then: the failure may have broken the group).  Tests
+that break their group by design (a barrier that must time out) run in jobs of their own.  Prints one line
 per test, `np=N STATUS test [reason]`, and a summary line per world size; a skip carries the
 suite's reason or psrt's (docs/torch_backend.md).  Exit status 1 when a test failed, crashed
 or hung.
@@ -41,9 +43,10 @@ def _env(np_: int, temp_dir: str | None = None) -> dict:
     return env
 
 
-def list_tests(np_: int, backend: str) -> list[dict]:
+def list_tests(np_: int, backend: str, rank_script: Path) -> list[dict]:
     """The suite's tests at this world size: [{"test", "skip": reason or None}]."""
-    proc = subprocess.run([sys.executable, str(RANK_SCRIPT), "--list", "--backend", backend], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, str(rank_script), "--list", "--backend", backend],
+                          capture_output=True, text=True,
                           env=_env(np_), timeout=300)
     if proc.returncode != 0:
         raise SystemExit(f"torch_suite: listing the suite failed: {proc.stderr.strip().splitlines()[-1:]}")
@@ -92,7 +95,8 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def run_job(np_: int, names: list[str], backend: str, test_timeout: float, log) -> tuple[dict, list[str]]:
+def run_job(np_: int, names: list[str], backend: str, test_timeout: float, log,
+            rank_script: Path) -> tuple[dict, list[str]]:
     """Run `names` in one mpirun job until it ends or wedges: ({test: (status, reason, seconds)}
     for the tests it got through, including the one it died or wedged in), the tests it did
     not reach."""
@@ -100,7 +104,7 @@ def run_job(np_: int, names: list[str], backend: str, test_timeout: float, log) 
     with tempfile.TemporaryDirectory(prefix="psrt-torch-suite-") as temp_dir:
         for sub in ("barrier", "test_dir"):
             os.mkdir(os.path.join(temp_dir, sub))
-        cmd = local_mpirun_prefix(np_) + [sys.executable, str(RANK_SCRIPT), "--backend", backend, *names]
+        cmd = local_mpirun_prefix(np_) + [sys.executable, str(rank_script), "--backend", backend, *names]
         proc = subprocess.Popen(cmd, env=_env(np_, temp_dir), stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT)
         done: dict[str, tuple] = {}
@@ -139,17 +143,21 @@ def run_job(np_: int, names: list[str], backend: str, test_timeout: float, log) 
                     verdict = ("failed", f"rank {r}: {failed[r]['reason']} (then: {verdict[1]})")
                 started = any(e["test"] == current for evs in events.values() for e in evs)
                 if not started and exited:
+                    if done:
+                        # the ranks end a job after a failed test: the next job takes it from here
+                        return done, [n for n in names if n not in done]
                     verdict = ("crashed", f"the job exited (status {proc.returncode}) before the test")
                 done[current] = (*verdict, round(time.monotonic() - last_progress, 1))
                 return done, [n for n in names if n not in done]
             time.sleep(0.2)
 
 
-def run_suite(np_: int, backend: str, pattern: list[str], test_timeout: float, log_path: Path) -> dict:
+def run_suite(np_: int, backend: str, pattern: list[str], test_timeout: float, log_path: Path,
+              rank_script: Path = RANK_SCRIPT) -> dict:
     """Every test at world size np_: {test: (status, reason, seconds)}, in the suite's order."""
-    listing = list_tests(np_, backend)
+    listing = list_tests(np_, backend, rank_script)
     results: dict[str, tuple] = {}
-    todo = []
+    todo, isolate = [], {t["test"] for t in listing if t.get("isolate")}
     for t in listing:
         if pattern and not any(p in t["test"] for p in pattern):
             continue
@@ -162,7 +170,10 @@ def run_suite(np_: int, backend: str, pattern: list[str], test_timeout: float, l
         while todo:
             log.write(f"=== np={np_}: job over {len(todo)} tests from {todo[0]}\n")
             log.flush()
-            done, todo = run_job(np_, todo, backend, test_timeout, log)
+            # a test that breaks its group by design runs alone; the others up to it in one job
+            cut = 1 if todo[0] in isolate else next((i for i, n in enumerate(todo) if n in isolate), len(todo))
+            done, rest = run_job(np_, todo[:cut], backend, test_timeout, log, rank_script)
+            todo = rest + todo[cut:]
             results.update(done)
             for name, (status, reason, seconds) in done.items():
                 print(f"np={np_} {status:8} {name}" + (f"  [{reason}]" if reason else ""), flush=True)
@@ -191,6 +202,9 @@ def main(argv=None) -> int:
                     help="seconds without progress after which a job counts as hung and is killed")
     ap.add_argument("--log", default="out/torch_suite.log", help="the ranks' output (default %(default)s)")
     ap.add_argument("--json", default=None, help="also write every result to this file")
+    ap.add_argument("--rank-script", default=str(RANK_SCRIPT),
+                    help="what each rank runs (default: %(default)s; the driver's own tests pass a "
+                         "stand-in that speaks the same protocol)")
     args = ap.parse_args(argv)
     try:
         sizes = [int(n) for n in args.np.split(",")]
@@ -205,7 +219,7 @@ def main(argv=None) -> int:
     lines, every, bad = [], {}, 0
     t0 = time.monotonic()
     for n in sizes:
-        results = run_suite(n, args.backend, pattern, args.test_timeout, log_path)
+        results = run_suite(n, args.backend, pattern, args.test_timeout, log_path, Path(args.rank_script))
         every[n] = results
         bad += sum(1 for s, _, _ in results.values() if s in BAD)
         for name in static_skips(results):

@@ -41,6 +41,12 @@ if ! "$PYTHON" -c 'import psrt, pytest, sklearn, matplotlib, expecttest' 2>/dev/
     say "psrt (editable) with its test extras"
     "$PYTHON" -m pip install -q -e '.[test]'
 fi
+# HF Accelerate and transformers (the README's "Frameworks": tests/mpi/test_frameworks.py runs
+# them on the psrt backend).  PSRT_WITH_FRAMEWORKS=0 leaves them out.
+if [ "${PSRT_WITH_FRAMEWORKS:-1}" != 0 ] && ! "$PYTHON" -c 'import accelerate, transformers' 2>/dev/null; then
+    say "accelerate and transformers"
+    "$PYTHON" -m pip install -q -e '.[frameworks]'
+fi
 # Horovod, for --dp horovod and the bench's horovod peer: built from source (about 10 minutes
 # the first time, from pip's wheel cache afterwards).  PSRT_WITH_HOROVOD=0 leaves it out.
 if [ "${PSRT_WITH_HOROVOD:-1}" != 0 ]; then

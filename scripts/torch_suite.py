@@ -168,10 +168,10 @@ def run_suite(np_: int, backend: str, pattern: list[str], test_timeout: float, l
     order = [t["test"] for t in listing if t["test"] in results or t["test"] in todo]
     with open(log_path, "a") as log:
         while todo:
-            log.write(f"=== np={np_}: job over {len(todo)} tests from {todo[0]}\n")
-            log.flush()
             # a test that breaks its group by design runs alone; the others up to it in one job
             cut = 1 if todo[0] in isolate else next((i for i, n in enumerate(todo) if n in isolate), len(todo))
+            log.write(f"=== np={np_}: job over {cut} tests from {todo[0]}\n")
+            log.flush()
             done, rest = run_job(np_, todo[:cut], backend, test_timeout, log, rank_script)
             todo = rest + todo[cut:]
             results.update(done)

@@ -66,6 +66,7 @@ def trainer_losses() -> list[float]:
 losses = accelerate_losses() if framework == "accelerate" else trainer_losses()
 calls = dist.group.WORLD.group.calls if backend == "psrt" else 0
 if rank == 0:
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out, "w") as f:
         json.dump({"losses": losses, "backend": dist.get_backend(), "psrt_calls": calls}, f)
 dist.barrier()

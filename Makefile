@@ -2,7 +2,7 @@
 # absolute: the ranks of Debian's mpirun may see /usr/bin first on PATH, whose python3 has no torch
 PYTHON ?= $(shell command -v python3)
 
-.PHONY: install demo test bench tune clean
+.PHONY: install demo test torch-suite bench tune clean
 
 install:
 	bash scripts/install.sh
@@ -12,6 +12,12 @@ demo: install
 
 test: install
 	bash scripts/test.sh
+
+# PyTorch's own distributed test suite on the psrt backend at 2, 3 and 4 ranks, then on gloo
+# (the reference, same selection): about 5 minutes each on 2 cores.
+torch-suite: install
+	$(PYTHON) scripts/torch_suite.py --np 2,3,4 --log out/torch_suite.log
+	$(PYTHON) scripts/torch_suite.py --np 2,3,4 --backend gloo --log out/torch_suite_gloo.log
 
 bench: install
 	$(PYTHON) -m psrt.bench suite --out out/bench

@@ -37,9 +37,15 @@ if ! "$PYTHON" -c 'from mpi4py import MPI; import sys; sys.exit("Open MPI v4" no
     MPICC=/usr/bin/mpicc "$PYTHON" -m pip install -q --force-reinstall --no-binary mpi4py --no-deps "mpi4py>=4.1,<5"
 fi
 
-if ! "$PYTHON" -c 'import psrt, pytest, sklearn, matplotlib' 2>/dev/null; then
+if ! "$PYTHON" -c 'import psrt, pytest, sklearn, matplotlib, expecttest' 2>/dev/null; then
     say "psrt (editable) with its test extras"
     "$PYTHON" -m pip install -q -e '.[test]'
+fi
+# HF Accelerate and transformers (the README's "Frameworks": tests/mpi/test_frameworks.py runs
+# them on the psrt backend).  PSRT_WITH_FRAMEWORKS=0 leaves them out.
+if [ "${PSRT_WITH_FRAMEWORKS:-1}" != 0 ] && ! "$PYTHON" -c 'import accelerate, transformers' 2>/dev/null; then
+    say "accelerate and transformers"
+    "$PYTHON" -m pip install -q -e '.[frameworks]'
 fi
 # Horovod, for --dp horovod and the bench's horovod peer: built from source (about 10 minutes
 # the first time, from pip's wheel cache afterwards).  PSRT_WITH_HOROVOD=0 leaves it out.

@@ -2,6 +2,7 @@
 
     import psrt.c10d                      # registers "psrt"; under an MPI launcher, joins MPI
     import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
     dist.init_process_group(backend="psrt")
     model = torch.nn.parallel.DistributedDataParallel(model)   # DDP, FSDP2, DTensor, ... unchanged
 
@@ -21,6 +22,7 @@ import functools
 import os
 
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
 
 from psrt.c10d.process_group import Options, ProcessGroupPsrt
 from psrt.c10d.work import Work
@@ -112,8 +114,12 @@ def _create(common, options) -> ProcessGroupPsrt:
         if comm.Get_rank() != common.group_rank:
             raise PsrtError(f"psrt backend: group {common.group_id}: MPI rank {comm.Get_rank()} "
                             f"differs from torch's group rank {common.group_rank}")
-    pg = ProcessGroupPsrt(comm, options, timeout=common.timeout,
-                          on_shutdown=this.stop if this.watchdog is None else None)
+    # torch passes its default (30 min) when the program gave no timeout=: psrt's own
+    # (PSRT_TIMEOUT) applies then, as everywhere else in psrt.
+    timeout = None if common.timeout == default_pg_timeout else common.timeout
+    pg = ProcessGroupPsrt(comm, options, timeout=timeout,
+                          on_shutdown=this.stop if this.watchdog is None else None,
+                          ranks=ranks or list(range(world.size)))
     this.watch(pg.group)
     return pg
 

@@ -5,8 +5,9 @@ A send or a receive starts a non-blocking MPI request at once, so a paired
 flight and completes a Work as soon as MPI completes its request: its future is done, and
 what is chained on it runs, without anyone calling wait() (as with NCCL, whose futures
 complete when the transfer does).  wait() tests as well, so a caller that waits sees the
-completion without the thread's back-off.  A request not matched within PSRT_TIMEOUT fails
-its Work with an error naming the peer, waited for or not.
+completion without the thread's back-off.  A request not matched within its group's timeout
+(`init_process_group(timeout=)`) fails its Work with an error naming the call, the group and the
+peer, waited for or not.
 
 CUDA: MPI touches a tensor's memory from the moment its request starts, so the stream that
 is current at call time is synchronised first (what it still has to write into a send
@@ -23,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from psrt.c10d.work import Work
+from psrt.c10d.work import Work, timeout_message
 from psrt.collectives.p2p import FIRST_PAUSE_S, MAX_PAUSE_S, poll
 from psrt.errors import PsrtError
 
@@ -69,15 +70,18 @@ class P2PWork(Work):
         request: the started MPI request.
         result: the tensors the future resolves to.
         keep: the buffer MPI reads or writes (kept alive until the request is done).
-        what: "send to rank 2 (tag 0)": how errors name it.
-        timeout_s: how long the request may stay unmatched (PSRT_TIMEOUT).
+        what: "send to rank 2 (tag 0) on group 0 (global ranks [0, 1, 2])": how errors name it.
+        timeout_s: how long the request may stay unmatched (the group's timeout).
         landed: for a receive, run once the message is in `keep` (see `copy_back`).
     """
 
     def __init__(self, request, result: list, keep: torch.Tensor, what: str, timeout_s: float,
-                 landed: Callable[[], None] | None = None):
-        super().__init__(result, name=what)
+                 landed: Callable[[], None] | None = None, source: int | None = None, waits_for: str = ""):
+        from mpi4py import MPI
+        super().__init__(result, name=what, waits_for=waits_for)
         self._request, self._keep, self._landed = request, keep, landed
+        self._sender = source            # group rank a receive is from; None for any, until it lands
+        self._status = MPI.Status()
         self._timeout_s = timeout_s
         self._deadline = time.monotonic() + timeout_s
         self._lock = threading.Lock()
@@ -91,13 +95,13 @@ class P2PWork(Work):
                 return True
             error = None
             try:
-                if not self._request.Test():
+                if not self._request.Test(self._status):
                     if time.monotonic() < self._deadline:
                         return False
                     self._withdraw()
-                    raise PsrtError(f"psrt backend: {self.name} not matched after {self._timeout_s:g} s "
-                                    "(PSRT_TIMEOUT)")
+                    raise TimeoutError(timeout_message(self.name, self._timeout_s, self.waits_for))
                 if self._landed is not None:
+                    self._sender = self._status.Get_source()
                     self._landed()
             except BaseException as err:  # noqa: BLE001 - handed to the Work, raised by wait()
                 error = err
@@ -127,11 +131,20 @@ class P2PWork(Work):
         seconds = timeout.total_seconds() if timeout else 0.0
         # Without a timeout of the caller's, the request's own deadline ends the loop.
         poll(self.test, seconds if seconds > 0 else math.inf,
-             lambda: f"psrt backend: {self.name} not finished after {seconds:g} s")
+             lambda: timeout_message(self.name, seconds, self.waits_for))
         return super().wait(timeout)
 
     def is_completed(self) -> bool:
         return self.test() and self._done.is_set()
+
+    def _source_rank(self) -> int:
+        """The group rank a completed receive came from (what `recv(src=None)` returns)."""
+        if self._landed is None:
+            raise RuntimeError(f"psrt backend: source_rank() of {self.name}: only a receive has a source")
+        self.wait()
+        return self._sender
+
+    source_rank = _source_rank
 
 
 class Progress:

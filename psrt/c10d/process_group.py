@@ -99,21 +99,26 @@ class ProcessGroupPsrt(dist.ProcessGroup):
     Args:
         comm: the mpi4py communicator of the group's ranks, in group-rank order.
         options: `Options` (algorithm, check).
-        timeout: how long `Work.wait()` may block by default.
+        timeout: how long any call may wait (torch's `timeout=`; default PSRT_TIMEOUT): a call
+            still waiting then fails, naming itself, the group and the ranks it waits for.
         on_shutdown: called once the group is shut down (the first group stops the watchdog).
+        ranks: the group's global ranks, in group-rank order (how errors name them).
     """
 
     def __init__(self, comm, options: Options | None = None, timeout: datetime.timedelta | None = None,
-                 on_shutdown=None):
+                 on_shutdown=None, ranks: list[int] | None = None):
         super().__init__(comm.Get_rank(), comm.Get_size())
+        self._ranks = list(ranks) if ranks else list(range(comm.Get_size()))
         options = options or Options()
         self.algorithm = options.algorithm or env.algorithm()
         self.group = Communicator(comm, algorithm=self.algorithm, check=options.check)
         self._p2p = comm.Dup()      # user messages never match psrt's algorithms' messages
         self._progress = Progress()  # completes sends and receives (and their futures)
         self._worker = Executor(name="psrt-c10d")
-        self._timeout = timeout
+        self._timeout = timeout if timeout and timeout.total_seconds() > 0 \
+            else datetime.timedelta(seconds=env.timeout_s())
         self._closed = False
+        self._wedged: str | None = None    # the call that timed out, if one did
         self._on_shutdown = on_shutdown
         self._group_name = self._group_desc = ""
         # Stop the worker before the interpreter (and then MPI) shuts down, when the program
@@ -152,10 +157,30 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         if self._closed:
             raise PsrtError(f"psrt backend: {name} on a group that was shut down")
 
-    def _submit(self, name: str, tensors: list, fn) -> Work:
+    def _describe(self, call: str) -> str:
+        """"allreduce on group 0 (global ranks [0, 1, 2])": how errors name a call."""
+        return f"{call} on group {self._group_name or '?'} (global ranks {self._ranks})"
+
+    def _others(self) -> str:
+        """The ranks a collective of this rank waits for."""
+        me = self._ranks[self.rank()]
+        return f"global ranks {[r for r in self._ranks if r != me]}"
+
+    def _timed_out(self, what: str) -> None:
+        # The worker may sit in an MPI call whose peers never come: shutdown must not wait for it.
+        self._wedged = what
+
+    def _call_timeout(self, opts) -> datetime.timedelta:
+        """The call's own timeout (torch's per-call `timeout=`, as in `barrier(timeout=)`) when
+        it sets one, else the group's."""
+        own = getattr(opts, "timeout", None)
+        return own if own is not None and own.total_seconds() > 0 else self._timeout
+
+    def _submit(self, name: str, tensors: list, fn, opts=None) -> Work:
         """Queue fn (which does the whole call) and return its Work."""
         self._check_open(name)
-        work = Work(tensors, self._timeout, name)
+        work = Work(tensors, self._call_timeout(opts), self._describe(name), self._others(),
+                    on_timeout=self._timed_out)
         device = next((t.device for t in tensors if t.is_cuda), None)
         event = None
         if device is not None:
@@ -191,6 +216,30 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         if work.data_ptr() != t.data_ptr():
             t.copy_(work)
 
+    def _allreduce_sparse(self, t: torch.Tensor, opts_op) -> None:
+        """Sum a sparse COO tensor over the group, in place, as gloo does (ProcessGroupGloo's
+        AsyncSparseAllreduceWork): every rank's indices and values are all-gathered and the
+        union is coalesced (duplicates summed)."""
+        op, _ = reduce_op(opts_op)
+        if op != "sum":
+            raise PsrtError(f"psrt backend: all_reduce of a sparse tensor sums only (got {op!r}), as gloo's")
+        local = t.coalesce()
+        indices = local.indices().t().contiguous()        # nnz x sparse_dim
+        values = local.values().contiguous()               # nnz x dense dims
+        nnz = self.group.allgather(torch.tensor([indices.shape[0]], dtype=torch.int64),
+                                   counts=[1] * self.size()).tolist()
+        per_index = indices.shape[1]
+        per_value = _numel(torch.empty(values.shape[1:], dtype=values.dtype))   # one entry's elements
+        every_index = self.group.allgather(indices.reshape(-1), counts=[k * per_index for k in nnz])
+        every_value = self.group.allgather(_flat(values), counts=[k * per_value for k in nnz])
+        total = sum(nnz)
+        if every_value.dtype != values.dtype:
+            every_value = every_value.view(values.dtype)
+        result = torch.sparse_coo_tensor(every_index.view(total, per_index).t(),
+                                         every_value.view((total,) + tuple(values.shape[1:])),
+                                         t.shape).coalesce()
+        t.copy_(result)
+
     def allreduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceOptions()
         tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
@@ -198,7 +247,10 @@ class ProcessGroupPsrt(dist.ProcessGroup):
 
         def run():
             for t in tensors:
-                self._allreduce_one(t, op)
+                if t.is_sparse:
+                    self._allreduce_sparse(t, op)
+                else:
+                    self._allreduce_one(t, op)
         return self._submit("allreduce", tensors, run)
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -327,11 +379,30 @@ class ProcessGroupPsrt(dist.ProcessGroup):
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        output_lists, input_list = [list(o) for o in output_lists], list(input_list)
+        """`all_gather_coalesced`: output_lists[r][i] receives rank r's input_list[i] (as gloo's
+        ProcessGroupGloo::allgather_coalesced lays them out), in one all-gather of every input's
+        bytes."""
+        output_lists, inputs = [list(o) for o in output_lists], list(input_list)
+        if len(output_lists) != self.size():
+            raise PsrtError(f"psrt backend: all_gather_coalesced needs {self.size()} output lists "
+                            f"(one per rank), got {len(output_lists)}")
+        for r, outs in enumerate(output_lists):
+            if [(o.numel(), o.dtype) for o in outs] != [(t.numel(), t.dtype) for t in inputs]:
+                raise PsrtError(f"psrt backend: all_gather_coalesced: output list {r} holds "
+                                f"{[(tuple(o.shape), o.dtype) for o in outs]}, expected the inputs' "
+                                f"{[(tuple(t.shape), t.dtype) for t in inputs]}")
 
         def run():
-            for outs, t in zip(output_lists, input_list):
-                _split_into(self._allgather_flat(_flat(t), [_numel(o) for o in outs], None), outs)
+            sizes = [t.numel() * t.element_size() for t in inputs]
+            mine = torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in inputs]) if inputs \
+                else torch.empty(0, dtype=torch.uint8)
+            every = self._allgather_flat(mine, [mine.numel()] * self.size(), None)
+            for r, outs in enumerate(output_lists):
+                start = r * mine.numel()
+                for o, n in zip(outs, sizes):
+                    # cloned: a slice at an odd byte offset cannot be viewed as a wider dtype
+                    o.copy_(every[start:start + n].clone().view(o.dtype).view(o.shape))
+                    start += n
         return self._submit("allgather_coalesced", [o for outs in output_lists for o in outs], run)
 
     def gather(self, output_tensors, input_tensors, opts=None):
@@ -387,7 +458,7 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         return self._submit("alltoall", outs, run)
 
     def barrier(self, opts=None):
-        return self._submit("barrier", [], self.group.barrier)
+        return self._submit("barrier", [], self.group.barrier, opts)
 
     # ------------------------------------------------------------ point to point
     def send(self, tensors, dst: int, tag: int):
@@ -398,8 +469,9 @@ class ProcessGroupPsrt(dist.ProcessGroup):
             buf = buf.cpu()           # waits for the caller's stream itself
         caller_stream(buf, touched=True)
         request = self._p2p.Isend(msg(buf), dst, tag)
-        return self._progress.add(P2PWork(request, [t], keep=buf, what=f"send to rank {dst} (tag {tag})",
-                                          timeout_s=env.timeout_s()))
+        return self._progress.add(P2PWork(request, [t], keep=buf, what=self._describe(f"send to rank {dst} (tag {tag})"),
+                                          timeout_s=self._timeout.total_seconds(),
+                                          waits_for=f"global rank {self._ranks[dst]}"))
 
     def recv(self, tensors, src: int, tag: int):
         from mpi4py import MPI
@@ -411,9 +483,12 @@ class ProcessGroupPsrt(dist.ProcessGroup):
             buf = torch.empty(buf.shape, dtype=buf.dtype)
         stream = caller_stream(t, touched=buf.is_cuda)
         request = self._p2p.Irecv(msg(buf), MPI.ANY_SOURCE if src < 0 else src, tag)
-        what = f"recv from {'any rank' if src < 0 else f'rank {src}'} (tag {tag})"
-        return self._progress.add(P2PWork(request, [t], keep=buf, what=what, timeout_s=env.timeout_s(),
-                                          landed=copy_back(buf, t, stream)))
+        what = self._describe(f"recv from {'any rank' if src < 0 else f'rank {src}'} (tag {tag})")
+        waits_for = self._others().replace("global ranks", "any of global ranks") if src < 0 \
+            else f"global rank {self._ranks[src]}"
+        return self._progress.add(P2PWork(request, [t], keep=buf, what=what, timeout_s=self._timeout.total_seconds(),
+                                          landed=copy_back(buf, t, stream), source=None if src < 0 else src,
+                                          waits_for=waits_for))
 
     def recv_anysource(self, tensors, tag: int):
         return self.recv(tensors, -1, tag)
@@ -424,9 +499,12 @@ class ProcessGroupPsrt(dist.ProcessGroup):
             return
         self._closed = True
         atexit.unregister(self.shutdown)
-        self._worker.close()
         self._progress.close()
-        self.group.close()
+        if self._wedged is None:
+            self._worker.close()
+            self.group.close()
+        # else the worker (a daemon thread) is left inside the call that timed out, with the
+        # communicators it uses: joining it, or freeing them under it, would hang or crash.
         self._p2p.Free()
         if self._on_shutdown is not None:
             self._on_shutdown()

@@ -15,6 +15,13 @@ import torch
 import torch.distributed as dist
 
 
+def timeout_message(what: str, seconds: float, waits_for: str) -> str:
+    """The error of a call that did not finish within its group's timeout.  "Timed out" is the
+    wording torch's own backends use (ProcessGroupGloo), which callers match on."""
+    return (f"psrt backend: {what}: Timed out after {seconds:g} s waiting for {waits_for or 'its peers'} "
+            "(the timeout= of the group, or of the call)")
+
+
 class _Failed:
     """The value of a source future whose collective failed."""
 
@@ -32,9 +39,12 @@ def _unwrap(source: torch.futures.Future):
 class Work(dist.Work):
     """One collective in flight on a psrt process group."""
 
-    def __init__(self, result: list, timeout: datetime.timedelta | None = None, name: str = "collective"):
+    def __init__(self, result: list, timeout: datetime.timedelta | None = None, name: str = "collective",
+                 waits_for: str = "", on_timeout=None):
         super().__init__()
-        self.name = name
+        self._on_timeout = on_timeout          # told when wait() gives up (the call may be wedged)
+        self.name = name                      # "allreduce on group 0 (global ranks [0, 1, 2])"
+        self.waits_for = waits_for            # "ranks [1, 2]": whom a timeout names
         self._timeout = timeout               # the group's: wait() without one waits this long
         self._result = result                 # the tensors the future resolves to
         # A Python future completed with set_exception holds the exception as its *value*:
@@ -57,7 +67,9 @@ class Work(dist.Work):
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
         seconds = (timeout or self._timeout or datetime.timedelta(0)).total_seconds()
         if not self._done.wait(seconds if seconds > 0 else None):
-            raise TimeoutError(f"psrt backend: {self.name} not finished after {seconds:g} s")
+            if self._on_timeout is not None:
+                self._on_timeout(self.name)
+            raise TimeoutError(timeout_message(self.name, seconds, self.waits_for))
         if self._error is not None:
             raise self._error
         return True

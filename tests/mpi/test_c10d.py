@@ -191,10 +191,28 @@ def test_example_under_horovodrun(gloo_example):
     assert _epochs(proc.stdout) == gloo_example
 
 
-def test_a_message_that_never_comes_is_named(run_ranks):
-    run = run_ranks(2, "c10d_stall.py", "recv", timeout=90, env={"PSRT_TIMEOUT": "2"}).check()
+def test_every_wait_ends_within_the_group_timeout(run_ranks):
+    """Calls no peer answers (receives from a rank, from any rank, an irecv waited on, an
+    all-reduce, a barrier with a per-call timeout) each raise after the timeout of their group
+    (3 s; 1 s for the barrier's own), not PSRT_TIMEOUT's 300 s, naming the call, the group and
+    the ranks waited for (tests/mpi/ranks/c10d_timeouts.py)."""
+    run = run_ranks(2, "c10d_timeouts.py", timeout=120, env={"PSRT_TIMEOUT": "300"}).check()
     [record] = run.records()
-    assert record["error"] == "psrt backend: recv from rank 1 (tag 9) not matched after 2 s (PSRT_TIMEOUT)"
+    want = {
+        "recv": ("recv from rank 1 (tag 9) on group 0 (global ranks [0, 1])", 3, "global rank 1"),
+        "recv-any": ("recv from any rank (tag 8) on group 0 (global ranks [0, 1])", 3, "any of global ranks [1]"),
+        "irecv-wait": ("recv from rank 1 (tag 7) on group 0 (global ranks [0, 1])", 3, "global rank 1"),
+        "all_reduce": ("allreduce on group 1 (global ranks [0, 1])", 3, "global ranks [1]"),
+        "barrier-call-timeout": ("barrier on group 2 (global ranks [0, 1])", 1, "global ranks [1]"),
+    }
+    assert set(record) == set(want), record
+    for name, (call, seconds, peers) in want.items():
+        got = record[name]
+        assert got["error"] == (f"TimeoutError: psrt backend: {call}: Timed out after {seconds} s waiting for "
+                                f"{peers} (the timeout= of the group, or of the call)"), (name, got)
+        # never before the timeout; the margin is for a loaded 2-core machine
+        assert seconds - 0.05 <= got["seconds"] < seconds + 3, (name, got)
+    assert run.stdout.count(": done") == 2
 
 
 def test_bench_c10d(tmp_path):

@@ -81,6 +81,19 @@ outs = [torch.empty(2 * n), torch.empty(n, dtype=torch.int64)]
 pg.allgather_into_tensor_coalesced(outs, [torch.full((2,), float(r)), torch.tensor([r])]).wait()
 check(outs[0].tolist() == [float(j) for j in range(n) for _ in range(2)] and outs[1].tolist() == list(range(n)),
       f"ag coalesced {outs}")
+# all_gather_coalesced: list j holds rank j's inputs, of any shapes (torch requires one dtype
+# per call; psrt moves them as one message of bytes: int16 is not a dtype MPI reduces)
+for dtype in (torch.float32, torch.int16):
+    ins = [torch.full((3,), r + 1, dtype=dtype), torch.full((2, 2), -r, dtype=dtype), torch.empty(0, dtype=dtype)]
+    lists = [[torch.empty_like(t) for t in ins] for _ in range(n)]
+    dist.all_gather_coalesced(lists, ins)
+    check(all(lists[j][0].tolist() == [j + 1] * 3 and lists[j][1].tolist() == [[-j, -j]] * 2
+              and lists[j][2].numel() == 0 for j in range(n)), f"all_gather_coalesced {dtype} {lists}")
+# a sparse all_reduce sums as gloo's: rank r sets rows r and 0 of a 2-column dense part
+sp = torch.sparse_coo_tensor(torch.tensor([[r, 0]]), torch.tensor([[1.0, r], [2.0, 2.0]]), (n, 2))
+dist.all_reduce(sp)
+want = torch.tensor([[1.0, r] for r in range(n)]); want[0] += torch.tensor([2.0 * n, 2.0 * n])
+check(sp.is_sparse and torch.equal(sp.to_dense(), want), f"sparse all_reduce {sp.to_dense()} != {want}")
 out = torch.empty(3)
 dist.reduce_scatter(out, [torch.full((3,), float(j + r)) for j in range(n)], op=R.AVG)
 check(torch.allclose(out, torch.full((3,), r + (n - 1) / 2)), f"reduce_scatter avg {out}")
@@ -147,6 +160,17 @@ if n > 1:
         t = torch.empty(3)
         dist.recv(t, src=0, tag=5)
         check(t.tolist() == [0.0, 1.0, 2.0], "send/recv")
+    # from any source: recv returns the sender's global rank, irecv's Work names its group rank
+    if r in (0, 1) and n > 2:
+        dist.send(torch.full((2,), float(r)), dst=n - 1, tag=6)
+    elif r == n - 1 and n > 2:
+        got = torch.empty(2)
+        first = dist.recv(got, tag=6)
+        check(first in (0, 1) and got.tolist() == [float(first)] * 2, f"recv from any source: {first} {got}")
+        work = dist.irecv(got, tag=6)
+        work.wait()
+        check(work._source_rank() == 1 - first and got.tolist() == [float(1 - first)] * 2,
+              f"irecv from any source: {work._source_rank()} {got}")
 # subgroups: evens and odds (sizes differ when n is odd), and ps on one of them
 evens = dist.new_group(list(range(0, n, 2)), pg_options=psrt.c10d.Options(algorithm="ps"))
 odds = dist.new_group(list(range(1, n, 2))) if n > 1 else None

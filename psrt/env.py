@@ -62,7 +62,8 @@ VARIABLES = {v.name: v for v in (
     Variable("PSRT_TIMEOUT", _positive_float, "a positive number of seconds", DEFAULT_TIMEOUT_S,
              "seconds a collective, a pipeline receive or a parameter-server wait may block before "
              "it is an error naming the ranks; the watchdog ends a stuck job after as long "
-             "(default 300; `psrt.train --timeout`)"),
+             "(default 300; `psrt.train --timeout`; a torch.distributed group made with `timeout=` "
+             "waits that long instead)"),
     Variable("PSRT_CHECK", _one_of(*CHECK_MODES), "all, cheap or off", "cheap",
              "`all` (check every collective call across ranks), `cheap` (first call of each, "
              "default), `off`"),

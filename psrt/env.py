@@ -64,8 +64,9 @@ VARIABLES = {v.name: v for v in (
              "it is an error naming the ranks; the watchdog ends a stuck job after as long "
              "(default 300; `psrt.train --timeout`)"),
     Variable("PSRT_CHECK", _one_of(*CHECK_MODES), "all, cheap or off", "cheap",
-             "`all` (check every collective call across ranks), `cheap` (first call of each, "
-             "default), `off`"),
+             "how collective calls are checked across ranks before they move data: `cheap` (every "
+             "call agrees on a fingerprint of its arguments, default), `all` (every call gathers "
+             "every rank's arguments: debugging), `off`"),
     Variable("PSRT_CUDA_AWARE", _flag, "0 or 1", None,
              "`1`/`0`: hand CUDA tensors to MPI directly or stage them (default: ask the MPI library)"),
     Variable("PSRT_TUNING", str, "a file name", None,

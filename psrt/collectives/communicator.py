@@ -18,6 +18,7 @@ import torch
 
 from psrt import env
 from psrt.collectives import alltoall, native, ps, recursive, ring, small, torch_backend, tree
+from psrt.collectives.agreement import Agreement
 from psrt.collectives.executor import Executor, Handle
 from psrt.collectives.ready import ReadyCache
 from psrt.collectives.algorithms import ALGORITHMS, ALL_ALGORITHMS
@@ -69,10 +70,12 @@ class Communicator:
         torch_group: torch.distributed group for the 'torch' algorithm (default: the default
             group, which must span the same ranks).
         check: how much to verify that all ranks called the same collective with agreeing
-            arguments before it runs: 'all' (every call: a debugging mode), 'cheap' (the
-            first call of each collective; default) or 'off'.  PSRT_CHECK overrides the
-            default.  A disagreement raises CollectiveMismatch on every rank, naming the
-            ranks and what each passed, instead of hanging or returning garbage.
+            arguments before it moves data (collectives/agreement.py): 'cheap' (every call
+            agrees on a fingerprint of its arguments: one 16-byte MPI_Allreduce; default),
+            'all' (every call gathers every rank's arguments: a debugging mode) or 'off'.
+            PSRT_CHECK overrides the default.  A disagreement raises CollectiveMismatch on
+            every rank, naming the ranks and what each passed, instead of hanging, crashing
+            or returning garbage.
         tracer: a psrt.trace.Tracer recording every collective as a span (default: none).
         persistent: the small CPU all-reduces made ready once (psrt/collectives/ready.py)
             move their messages with persistent requests (MPI_Send_init / MPI_Recv_init,
@@ -110,6 +113,7 @@ class Communicator:
         # interleave with the data of a collective still running on the worker thread.
         self._meta = self.comm.Dup()
         self._checked: set = set()
+        self._agreement = Agreement(self._meta, self.check)
         self.calls = 0
         self.state: tuple = (0, "", None)
         self._ready = ReadyCache(self, self._executor, persistent)    # small all-reduces made ready
@@ -125,23 +129,25 @@ class Communicator:
             self._meta.Free()
             self._meta = None
 
-    def _verify(self, name: str, **signature) -> bool:
-        """Exchange (collective, arguments) with every rank and fail loudly on disagreement;
-        whether this call was checked (the check mode says which calls are)."""
+    def _verify(self, name: str, shown: tuple = (), **signature) -> bool:
+        """Agree with every rank on this call (collective, arguments) before it moves data, and
+        fail loudly on disagreement (collectives/agreement.py); `shown` pairs are named in the
+        error only.  Returns whether this is the first call of `name` or the mode is 'all'
+        (calls on which alltoallv also compares every rank's counts)."""
         self.calls += 1
-        if self.check == "off" or (self.check == "cheap" and name in self._checked):
+        if self.check == "off":
             return False
+        first = name not in self._checked
         self._checked.add(name)
-        mine = (name, tuple(sorted(signature.items())))
-        every = self._meta.allgather(mine)
-        bad = [r for r, fp in enumerate(every) if fp != every[0]]
-        if bad:
-            def show(fp):
-                return fp[0] + "(" + ", ".join(f"{k}={v}" for k, v in fp[1]) + ")"
-            listing = "; ".join(f"rank {r}: {show(fp)}" for r, fp in enumerate(every))
-            raise CollectiveMismatch(f"collective call #{self.calls} does not match across ranks: "
-                                     f"ranks {bad} differ from rank 0 ({listing})", everywhere=True)
-        return True
+        self._agree(self._agreement.signature(name, signature), shown)
+        return first or self.check == "all"
+
+    def _agree(self, sig: tuple, shown: tuple = (), fp: int | None = None) -> None:
+        # The agreement is where a rank whose peer never makes the call waits: the watchdog
+        # names it as waiting in that call.
+        self.state = (self.calls, sig[0], time.monotonic())
+        self._agreement.agree(self.calls, sig, shown, fp)
+        self.state = (self.calls, sig[0], None)
 
     # ------------------------------------------------------------ plumbing
     def _pick(self, collective: str, algorithm: str | None, nbytes: int) -> str:
@@ -247,17 +253,23 @@ class Communicator:
         if (ready is not None and t.is_contiguous() and not t.is_cuda
                 and (out is None or out.is_contiguous() and not out.is_cuda)):
             self.calls += 1      # what _verify counts on the full path
+            if self.check != "off":
+                self._agree(*ready.agreed)
             return self._start(ready.call, t, out, async_op)
         check_dtype(t)
         check_op(op, t.dtype)
         self._check_out(out, t.shape, t.dtype, "allreduce")
         nbytes = t.numel() * t.element_size()
         algo = self._pick("allreduce", algorithm, nbytes)
-        self._verify("allreduce", op=op, dtype=t.dtype, numel=t.numel(), algorithm=algo)
+        sig = dict(op=op, dtype=t.dtype, numel=t.numel(), algorithm=algo)
+        self._verify("allreduce", (("shape", tuple(t.shape)),), **sig)
         small_cpu = not t.is_cuda and t.dtype in small.DTYPES and small.takes(algo, nbytes)
         if (small_cpu and algo in small.FAST and t.is_contiguous() and self.check != "all"
                 and (out is None or out.is_contiguous() and not out.is_cuda)):
-            return self._start(self._ready.add(key, t, out, op, algorithm, algo).call, t, out, async_op)
+            ready = self._ready.add(key, t, out, op, algorithm, algo)
+            agreed = self._agreement.signature("allreduce", sig)
+            ready.agreed = (agreed, (("shape", tuple(t.shape)),), self._agreement.fingerprint_of(agreed))
+            return self._start(ready.call, t, out, async_op)
         if small_cpu and algo in small.ALLREDUCE:
             return self._run("allreduce", lambda: self._small_allreduce(t, op, out, algo), async_op, algo, nbytes)
         if (algo == "native" and not async_op and self._executor.idle() and not t.is_cuda
@@ -347,7 +359,7 @@ class Communicator:
         self._check_root(root, "reduce")
         self._check_out(out, t.shape, t.dtype, "reduce")
         algo = self._pick("reduce", algorithm, t.numel() * t.element_size())
-        self._verify("reduce", op=op, root=root, dtype=t.dtype, numel=t.numel(), algorithm=algo)
+        self._verify("reduce", (("shape", tuple(t.shape)),), op=op, root=root, dtype=t.dtype, numel=t.numel(), algorithm=algo)
         fn = _REDUCE[algo]
 
         def run():
@@ -368,7 +380,7 @@ class Communicator:
         check_dtype(t)
         self._check_root(root, "broadcast")
         algo = self._pick("broadcast", algorithm, t.numel() * t.element_size())
-        self._verify("broadcast", root=root, dtype=t.dtype, numel=t.numel(), algorithm=algo)
+        self._verify("broadcast", (("shape", tuple(t.shape)),), root=root, dtype=t.dtype, numel=t.numel(), algorithm=algo)
         fn = _BROADCAST[algo]
 
         def run():
@@ -387,17 +399,21 @@ class Communicator:
         check_dtype(t)
         if t.dim() == 0:
             t = t.reshape(1)
-        if counts is None:
-            counts = [s[0] for s in self._shapes(t, "allgather")]
-        elif len(counts) != self.size or counts[self.rank] != t.shape[0]:
+        if counts is not None and (len(counts) != self.size or counts[self.rank] != t.shape[0]):
             raise PsrtError(f"allgather: counts {list(counts)} do not fit {self.size} ranks with "
                             f"this rank's {t.shape[0]} rows")
+        # Agreed first (dim 0 may differ), so that the shapes exchange below is the same call
+        # on every rank; then the agreed counts make the transfer safe.
+        self._verify("allgather", (("shape", tuple(t.shape)),), dtype=t.dtype, row=tuple(t.shape[1:]),
+                     counts="exchanged" if counts is None else tuple(counts),
+                     algorithm=algorithm or self.algorithm)
+        if counts is None:
+            counts = [s[0] for s in self._shapes(t, "allgather")]
         row = math.prod(t.shape[1:])
         elems = [c * row for c in counts]
         shape = (sum(counts),) + tuple(t.shape[1:])
         self._check_out(out, shape, t.dtype, "allgather")
         algo = self._pick("allgather", algorithm, sum(elems) * t.element_size())
-        self._verify("allgather", dtype=t.dtype, counts=tuple(counts), row=tuple(t.shape[1:]), algorithm=algo)
         fn = _ALLGATHER[algo]
 
         def run():

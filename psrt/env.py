@@ -86,6 +86,10 @@ VARIABLES = {v.name: v for v in (
              "library's); a group's `pg_options` win"),
     Variable("PSRT_TRACEBACK", _flag, "0 or 1", False,
              "`1`: print the full traceback before the one-line error"),
+    Variable("PSRT_MPI_LOG", str, "a file name", None,
+             "set by `mpi_launch` and `python -m psrt.cluster run` for their ranks: the file "
+             "keeping the MPI library's abort notices they leave out of stderr, named in a "
+             "rank's one-line error"),
 )}
 
 
@@ -152,6 +156,10 @@ def master_addr() -> str | None:
 
 def traceback() -> bool:
     return get("PSRT_TRACEBACK")
+
+
+def mpi_log() -> str | None:
+    return get("PSRT_MPI_LOG")
 
 
 def markdown_table() -> str:

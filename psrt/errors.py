@@ -62,14 +62,42 @@ def launcher_rank() -> int | None:
     return None
 
 
-def report(err: BaseException, prog: str = "psrt") -> None:
-    """Print `err` as one line on stderr with the rank in front (if there is one)."""
+def report(err: BaseException, prog: str = "psrt", aborting: bool = False) -> None:
+    """Print `err` as one line on stderr with the rank in front (if there is one).
+
+    `aborting`: the job is about to end through MPI_Abort; under psrt's launchers the line
+    then names the file that keeps the MPI library's notice of it (PSRT_MPI_LOG)."""
     rank = launcher_rank()
     if getattr(err, "everywhere", False) and rank not in (None, 0):
         return
     where = f"[rank {rank}] " if rank is not None else ""
     msg = " ".join(str(err).split()) or type(err).__name__
-    print(f"{where}{prog}: error: {msg}", file=sys.stderr, flush=True)
+    line = f"{where}{prog}: error: {msg}"
+    log = os.environ.get("PSRT_MPI_LOG")      # set by the launcher, not by users (psrt.env)
+    if aborting and log and _multi_rank():
+        line += f" (MPI's abort notice: {log})"
+    write_line(line)
+
+
+def write_line(line: str) -> None:
+    """Write `line` to stderr in one write(2): mpirun forwards each rank's output as it reads
+    it, and a line written in pieces (print() under PYTHONUNBUFFERED) can be cut by another
+    rank's line.  A pipe takes up to PIPE_BUF (4096) bytes at once (POSIX write())."""
+    data = (line + "\n").encode(errors="replace")
+    try:
+        sys.stderr.flush()
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):   # replaced by an object without a file
+        print(line, file=sys.stderr, flush=True)
+        return
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _multi_rank() -> bool:
+    mpi = sys.modules.get("mpi4py.MPI")
+    return (mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized()
+            and mpi.COMM_WORLD.Get_size() > 1)
 
 
 def cli_main(prog: str):
@@ -80,7 +108,7 @@ def cli_main(prog: str):
             try:
                 return fn(*args, **kwargs)
             except PsrtError as err:
-                report(err, prog)
+                report(err, prog, aborting=not err.everywhere)
                 if not err.everywhere:
                     abort(err.exit_code)   # the others may wait for this rank in a collective
                 sys.exit(err.exit_code)
@@ -96,9 +124,7 @@ def abort(code: int) -> None:
     sec. 9.5, MPI_ABORT): the others may be waiting in a collective for this one, and would
     hang.  Returns (does nothing) when there is no such job; the caller then exits itself.
     The one abort path of psrt: errors, the exception hook and the watchdog all end here."""
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        if mpi.COMM_WORLD.Get_size() > 1:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            mpi.COMM_WORLD.Abort(code)
+    if _multi_rank():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(code)

@@ -192,7 +192,10 @@ def _supervise(proc, copier) -> int:
         except ProcessLookupError:
             pass
     main = threading.current_thread() is threading.main_thread()
-    old = {s: signal.signal(s, forward) for s in FORWARDED} if main else {}
+    # A signal the caller ignores stays ignored (a job started in the background of a
+    # non-interactive shell must not end on the terminal's Ctrl-C).
+    old = {s: signal.signal(s, forward) for s in FORWARDED
+           if main and signal.getsignal(s) is not signal.SIG_IGN}
     try:
         while True:
             try:     # polled: a signal's handler runs, and the grace is counted, while it waits

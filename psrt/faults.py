@@ -28,7 +28,7 @@ def _libraries() -> dict[str, str]:
     import sysconfig
     paths = sysconfig.get_paths()
     roots = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
-    packages = {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}      # psrt
+    packages = {os.path.dirname(os.path.abspath(__file__))}      # psrt
     torch = sys.modules.get("torch")
     if torch is not None and getattr(torch, "__file__", None):
         packages.add(os.path.dirname(torch.__file__))

@@ -73,8 +73,9 @@ def report(err: BaseException, prog: str = "psrt", aborting: bool = False) -> No
     where = f"[rank {rank}] " if rank is not None else ""
     msg = " ".join(str(err).split()) or type(err).__name__
     line = f"{where}{prog}: error: {msg}"
-    log = os.environ.get("PSRT_MPI_LOG")      # set by the launcher, not by users (psrt.env)
-    if aborting and log and _multi_rank():
+    from psrt import env      # (psrt.env imports this module)
+    log = env.mpi_log() if aborting else None
+    if log and _multi_rank():
         line += f" (MPI's abort notice: {log})"
     write_line(line)
 

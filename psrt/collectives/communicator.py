@@ -129,25 +129,32 @@ class Communicator:
             self._meta.Free()
             self._meta = None
 
-    def _verify(self, name: str, shown: tuple = (), **signature) -> bool:
-        """Agree with every rank on this call (collective, arguments) before it moves data, and
-        fail loudly on disagreement (collectives/agreement.py); `shown` pairs are named in the
-        error only.  Returns whether this is the first call of `name` or the mode is 'all'
-        (calls on which alltoallv also compares every rank's counts)."""
+    def _verify(self, name: str, shown: tuple = (), **signature):
+        """Count this call and return its agreement (collectives/agreement.py): a function that
+        returns once every rank makes the same call, or raises CollectiveMismatch on every
+        rank; None under check='off'.  It runs where the call runs, in order with the calls
+        queued before it, so a non-blocking call returns at once and fails at its wait();
+        `shown` pairs are named in the error only."""
         self.calls += 1
         if self.check == "off":
-            return False
-        first = name not in self._checked
-        self._checked.add(name)
-        self._agree(self._agreement.signature(name, signature), shown)
-        return first or self.check == "all"
+            return None
+        return self._agreeing(self._agreement.signature(name, signature), shown)
 
-    def _agree(self, sig: tuple, shown: tuple = (), fp: int | None = None) -> None:
-        # The agreement is where a rank whose peer never makes the call waits: the watchdog
-        # names it as waiting in that call.
-        self.state = (self.calls, sig[0], time.monotonic())
-        self._agreement.agree(self.calls, sig, shown, fp)
-        self.state = (self.calls, sig[0], None)
+    def _agreeing(self, sig: tuple, shown: tuple = (), fp: int | None = None):
+        seq, agreement = self.calls, self._agreement
+
+        def agree():
+            # Where a rank whose peer never makes the call waits: the watchdog names it.
+            self.state = (seq, sig[0], time.monotonic())
+            agreement.agree(seq, sig, shown, fp)
+        return agree
+
+    def _agree_now(self, agree) -> None:
+        """Run an agreement in this thread, after the calls queued before it (for collectives
+        that exchange more on the metadata communicator right after it)."""
+        if agree is not None:
+            self._executor.run(agree)
+            self.state = (self.state[0], self.state[1], None)
 
     # ------------------------------------------------------------ plumbing
     def _pick(self, collective: str, algorithm: str | None, nbytes: int) -> str:
@@ -194,7 +201,8 @@ class Communicator:
             return self._staging.host_buffer(src).copy_(src.reshape(-1))
         return src.reshape(-1).clone() if src.is_contiguous() else src.contiguous().view(-1)
 
-    def _run(self, name: str, fn, async_op: bool, algo: str | None = None, nbytes: int | None = None):
+    def _run(self, name: str, fn, async_op: bool, algo: str | None = None, nbytes: int | None = None,
+             agree=None):
         seq = self.calls
         # A call on CUDA tensors is ordered on the stream current where it is made (as
         # torch.distributed's are): the worker thread runs its copies on that stream, so a
@@ -205,6 +213,8 @@ class Communicator:
             self.state = (seq, name, time.monotonic())
             t0 = self.tracer.clock()
             try:
+                if agree is not None:
+                    agree()
                 with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                     return fn()
             finally:
@@ -253,29 +263,31 @@ class Communicator:
         if (ready is not None and t.is_contiguous() and not t.is_cuda
                 and (out is None or out.is_contiguous() and not out.is_cuda)):
             self.calls += 1      # what _verify counts on the full path
-            if self.check != "off":
-                self._agree(*ready.agreed)
-            return self._start(ready.call, t, out, async_op)
+            return self._start(ready.call, t, out, async_op,
+                               None if self.check == "off" else self._agreeing(*ready.agreed))
         check_dtype(t)
         check_op(op, t.dtype)
         self._check_out(out, t.shape, t.dtype, "allreduce")
         nbytes = t.numel() * t.element_size()
         algo = self._pick("allreduce", algorithm, nbytes)
         sig = dict(op=op, dtype=t.dtype, numel=t.numel(), algorithm=algo)
-        self._verify("allreduce", (("shape", tuple(t.shape)),), **sig)
+        agree = self._verify("allreduce", (("shape", tuple(t.shape)),), **sig)
         small_cpu = not t.is_cuda and t.dtype in small.DTYPES and small.takes(algo, nbytes)
         if (small_cpu and algo in small.FAST and t.is_contiguous() and self.check != "all"
                 and (out is None or out.is_contiguous() and not out.is_cuda)):
             ready = self._ready.add(key, t, out, op, algorithm, algo)
             agreed = self._agreement.signature("allreduce", sig)
             ready.agreed = (agreed, (("shape", tuple(t.shape)),), self._agreement.fingerprint_of(agreed))
-            return self._start(ready.call, t, out, async_op)
+            return self._start(ready.call, t, out, async_op, agree)
         if small_cpu and algo in small.ALLREDUCE:
-            return self._run("allreduce", lambda: self._small_allreduce(t, op, out, algo), async_op, algo, nbytes)
+            return self._run("allreduce", lambda: self._small_allreduce(t, op, out, algo), async_op, algo, nbytes,
+                             agree)
         if (algo == "native" and not async_op and self._executor.idle() and not t.is_cuda
                 and t.dtype in _MPI_TYPED and t.is_contiguous()
                 and (out is None or out.is_contiguous())):
             result = out if out is not None else torch.empty_like(t)
+            if agree is not None:
+                agree()
             self.state = (self.calls, "allreduce", time.monotonic())
             t0 = self.tracer.clock()
             native.allreduce_into(self.comm, t, result, op)
@@ -297,10 +309,17 @@ class Communicator:
             if op == "avg":
                 flat.div_(self.size)
             return Staging.from_mpi(flat, result)
-        return self._run('allreduce', run, async_op, algo, nbytes)
+        return self._run('allreduce', run, async_op, algo, nbytes, agree)
 
-    def _start(self, call, t, out, async_op: bool):
-        """Run a ready call now (nothing queued), after what is queued, or queued (async_op)."""
+    def _start(self, call, t, out, async_op: bool, agree=None):
+        """Run a ready call now (nothing queued), after what is queued, or queued (async_op),
+        its agreement first."""
+        if agree is not None:
+            ready = call
+
+            def call(x, o):
+                agree()
+                return ready(x, o)
         if async_op:
             return self._executor.submit(call, t, out)
         if self._executor.idle():
@@ -336,7 +355,7 @@ class Communicator:
         shape = (counts[self.rank],) + tuple(t.shape[1:])
         self._check_out(out, shape, t.dtype, "reduce_scatter")
         algo = self._pick("reduce_scatter", algorithm, t.numel() * t.element_size())
-        self._verify("reduce_scatter", op=op, dtype=t.dtype, shape=tuple(t.shape), counts=tuple(counts),
+        agree = self._verify("reduce_scatter", op=op, dtype=t.dtype, shape=tuple(t.shape), counts=tuple(counts),
                      algorithm=algo)
         fn = _REDUCE_SCATTER[algo]
 
@@ -349,7 +368,7 @@ class Communicator:
                 mine.div_(self.size)
             result = out if out is not None else torch.empty(shape, dtype=t.dtype, device=t.device)
             return result.copy_(mine)
-        return self._run('reduce_scatter', run, async_op, algo)
+        return self._run('reduce_scatter', run, async_op, algo, agree=agree)
 
     def reduce(self, t: torch.Tensor, root: int = 0, op: str = "sum", out: torch.Tensor | None = None,
                algorithm: str | None = None, async_op: bool = False):
@@ -359,7 +378,7 @@ class Communicator:
         self._check_root(root, "reduce")
         self._check_out(out, t.shape, t.dtype, "reduce")
         algo = self._pick("reduce", algorithm, t.numel() * t.element_size())
-        self._verify("reduce", (("shape", tuple(t.shape)),), op=op, root=root, dtype=t.dtype, numel=t.numel(), algorithm=algo)
+        agree = self._verify("reduce", (("shape", tuple(t.shape)),), op=op, root=root, dtype=t.dtype, numel=t.numel(), algorithm=algo)
         fn = _REDUCE[algo]
 
         def run():
@@ -371,7 +390,7 @@ class Communicator:
             if op == "avg":
                 flat.div_(self.size)
             return Staging.from_mpi(flat, result if result is not None else torch.empty_like(t))
-        return self._run('reduce', run, async_op, algo)
+        return self._run('reduce', run, async_op, algo, agree=agree)
 
     # ------------------------------------------------------------ data movement
     def broadcast(self, t: torch.Tensor, root: int = 0, algorithm: str | None = None,
@@ -380,14 +399,14 @@ class Communicator:
         check_dtype(t)
         self._check_root(root, "broadcast")
         algo = self._pick("broadcast", algorithm, t.numel() * t.element_size())
-        self._verify("broadcast", (("shape", tuple(t.shape)),), root=root, dtype=t.dtype, numel=t.numel(), algorithm=algo)
+        agree = self._verify("broadcast", (("shape", tuple(t.shape)),), root=root, dtype=t.dtype, numel=t.numel(), algorithm=algo)
         fn = _BROADCAST[algo]
 
         def run():
             flat = self._work(t, algo, direct=t)
             fn(self._backend_comm(algo), flat, root)
             return Staging.from_mpi(flat, t)
-        return self._run('broadcast', run, async_op, algo)
+        return self._run('broadcast', run, async_op, algo, agree=agree)
 
     def allgather(self, t: torch.Tensor, out: torch.Tensor | None = None, counts=None,
                   algorithm: str | None = None, async_op: bool = False):
@@ -404,10 +423,12 @@ class Communicator:
                             f"this rank's {t.shape[0]} rows")
         # Agreed first (dim 0 may differ), so that the shapes exchange below is the same call
         # on every rank; then the agreed counts make the transfer safe.
-        self._verify("allgather", (("shape", tuple(t.shape)),), dtype=t.dtype, row=tuple(t.shape[1:]),
-                     counts="exchanged" if counts is None else tuple(counts),
-                     algorithm=algorithm or self.algorithm)
+        agree = self._verify("allgather", (("shape", tuple(t.shape)),), dtype=t.dtype, row=tuple(t.shape[1:]),
+                             counts="exchanged" if counts is None else tuple(counts),
+                             algorithm=algorithm or self.algorithm)
         if counts is None:
+            self._agree_now(agree)
+            agree = None
             counts = [s[0] for s in self._shapes(t, "allgather")]
         row = math.prod(t.shape[1:])
         elems = [c * row for c in counts]
@@ -428,7 +449,7 @@ class Communicator:
             flat[off[self.rank]:off[self.rank + 1]].copy_(t.reshape(-1))
             fn(self._backend_comm(algo), flat, elems)
             return Staging.from_mpi(flat, result)
-        return self._run('allgather', run, async_op, algo)
+        return self._run('allgather', run, async_op, algo, agree=agree)
 
     def gather(self, t: torch.Tensor, root: int = 0, async_op: bool = False):
         """Concatenate every rank's t along dim 0 on `root` (uneven rows allowed); None elsewhere."""
@@ -436,7 +457,7 @@ class Communicator:
         self._check_root(root, "gather")
         if t.dim() == 0:
             t = t.reshape(1)
-        self._verify("gather", root=root, dtype=t.dtype, row=tuple(t.shape[1:]))
+        self._agree_now(self._verify("gather", root=root, dtype=t.dtype, row=tuple(t.shape[1:])))
         shapes = self._shapes(t, "gather")
         row = math.prod(t.shape[1:])
         elems = [s[0] * row for s in shapes]
@@ -455,7 +476,7 @@ class Communicator:
 
         Only the root's t is read; other ranks may pass None."""
         self._check_root(root, "scatter")
-        self._verify("scatter", root=root)
+        self._agree_now(self._verify("scatter", root=root))
         meta = None
         if self.rank == root:
             if t is None:
@@ -484,7 +505,7 @@ class Communicator:
             raise PsrtError(f"alltoall: dim 0 of the input ({rows}) must divide by the number "
                             f"of ranks ({self.size})")
         self._check_out(out, t.shape, t.dtype, "alltoall")
-        self._verify("alltoall", dtype=t.dtype, shape=tuple(t.shape))
+        agree = self._verify("alltoall", dtype=t.dtype, shape=tuple(t.shape))
 
         def run():
             send = self._work(t)
@@ -492,7 +513,7 @@ class Communicator:
             native.alltoall(self.comm, send, recv)
             result = out if out is not None else torch.empty_like(t, memory_format=torch.contiguous_format)
             return Staging.from_mpi(recv, result)
-        return self._run('alltoall', run, async_op)
+        return self._run('alltoall', run, async_op, agree=agree)
 
     def alltoallv(self, t: torch.Tensor, send_counts, recv_counts=None, out: torch.Tensor | None = None,
                   algorithm: str | None = None, async_op: bool = False):
@@ -520,8 +541,11 @@ class Communicator:
             raise PsrtError(f"algorithm {algorithm!r} does not implement alltoallv; choose one of {', '.join(table)}")
         algo = algorithm or (self.algorithm if self.algorithm in table else "native")
         tail = tuple(t.shape[1:])
-        checked = self._verify("alltoallv", dtype=t.dtype, row=tail, algorithm=algo,
-                               recv_counts="exchanged" if recv_counts is None else "given")
+        # every rank's counts are compared on the first call under 'cheap', on every one under 'all'
+        checked = self.check == "all" or (self.check == "cheap" and "alltoallv" not in self._checked)
+        self._checked.add("alltoallv")
+        self._agree_now(self._verify("alltoallv", dtype=t.dtype, row=tail, algorithm=algo,
+                                     recv_counts="exchanged" if recv_counts is None else "given"))
         if recv_counts is None:
             recv_counts = self._exchange_counts(send_counts)
         else:
@@ -576,11 +600,11 @@ class Communicator:
                                      everywhere=True)
 
     def barrier(self, async_op: bool = False):
-        self._verify("barrier")
+        agree = self._verify("barrier")
 
         def run():
             self.comm.Barrier()
-        return self._run('barrier', run, async_op)
+        return self._run('barrier', run, async_op, agree=agree)
 
     def _check_root(self, root: int, what: str) -> None:
         if not 0 <= root < self.size:

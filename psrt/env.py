@@ -88,8 +88,8 @@ VARIABLES = {v.name: v for v in (
              "`1`: print the full traceback before the one-line error"),
     Variable("PSRT_MPI_LOG", str, "a file name", None,
              "set by `mpi_launch` and `python -m psrt.cluster run` for their ranks: the file "
-             "keeping the MPI library's abort notices they leave out of stderr, named in a "
-             "rank's one-line error"),
+             "keeping the MPI library's abort notices they leave out of stderr, named in the "
+             "one-line error of a rank's uncaught exception"),
 )}
 
 

@@ -62,22 +62,15 @@ def launcher_rank() -> int | None:
     return None
 
 
-def report(err: BaseException, prog: str = "psrt", aborting: bool = False) -> None:
-    """Print `err` as one line on stderr with the rank in front (if there is one).
-
-    `aborting`: the job is about to end through MPI_Abort; under psrt's launchers the line
-    then names the file that keeps the MPI library's notice of it (PSRT_MPI_LOG)."""
+def report(err: BaseException, prog: str = "psrt", note: str = "") -> None:
+    """Print `err` as one line on stderr with the rank in front (if there is one) and `note`
+    after it (where MPI's notice of the abort that follows is kept: psrt.faults)."""
     rank = launcher_rank()
     if getattr(err, "everywhere", False) and rank not in (None, 0):
         return
     where = f"[rank {rank}] " if rank is not None else ""
     msg = " ".join(str(err).split()) or type(err).__name__
-    line = f"{where}{prog}: error: {msg}"
-    from psrt import env      # (psrt.env imports this module)
-    log = env.mpi_log() if aborting else None
-    if log and _multi_rank():
-        line += f" (MPI's abort notice: {log})"
-    write_line(line)
+    write_line(f"{where}{prog}: error: {msg}{note}")
 
 
 def write_line(line: str) -> None:
@@ -95,7 +88,8 @@ def write_line(line: str) -> None:
         data = data[os.write(fd, data):]
 
 
-def _multi_rank() -> bool:
+def multi_rank() -> bool:
+    """Whether MPI runs here with more than one rank (so abort() ends a job)."""
     mpi = sys.modules.get("mpi4py.MPI")
     return (mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized()
             and mpi.COMM_WORLD.Get_size() > 1)
@@ -109,7 +103,7 @@ def cli_main(prog: str):
             try:
                 return fn(*args, **kwargs)
             except PsrtError as err:
-                report(err, prog, aborting=not err.everywhere)
+                report(err, prog)
                 if not err.everywhere:
                     abort(err.exit_code)   # the others may wait for this rank in a collective
                 sys.exit(err.exit_code)
@@ -125,7 +119,7 @@ def abort(code: int) -> None:
     sec. 9.5, MPI_ABORT): the others may be waiting in a collective for this one, and would
     hang.  Returns (does nothing) when there is no such job; the caller then exits itself.
     The one abort path of psrt: errors, the exception hook and the watchdog all end here."""
-    if _multi_rank():
+    if multi_rank():
         sys.stdout.flush()
         sys.stderr.flush()
         sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(code)

@@ -19,7 +19,7 @@ import time
 import traceback
 
 from psrt import env
-from psrt.errors import abort, launcher_rank, report
+from psrt.errors import abort, launcher_rank, multi_rank, report
 
 
 def _libraries() -> dict[str, str]:
@@ -86,7 +86,9 @@ def excepthook(kind, err, tb, prog: str = "psrt") -> None:
     class _Line(Exception):
         pass
     _Line.everywhere = everywhere
-    report(_Line(describe(err)), prog, aborting=True)
+    # Under psrt's launchers MPI's notice of the abort below is kept in a file, named here.
+    log = env.mpi_log() if multi_rank() else None
+    report(_Line(describe(err)), prog, f" (MPI's abort notice: {log})" if log else "")
     code = getattr(err, "exit_code", 1)
     if everywhere and launcher_rank() not in (None, 0):
         # Every rank raised the same error and rank 0 says it for all: leave it time to, as

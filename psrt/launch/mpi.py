@@ -131,15 +131,14 @@ def _kill(pids) -> None:
             pass
 
 
-def _reap() -> None:
-    """Collect the exit status of adopted orphans, so they do not stay as zombies."""
-    while True:
+def _reap(pids) -> None:
+    """Collect the exit status of adopted orphans among `pids`, so they do not stay as
+    zombies (only these: another child's status belongs to whoever started it)."""
+    for pid in pids:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
-            return
-        if pid == 0:
-            return
+            pass
 
 
 def run_job(argv, env, quiet_exit: bool = False) -> int:
@@ -208,10 +207,10 @@ def _supervise(proc, copier) -> int:
             # The launcher is gone; its ranks may not be (a rank that ignores SIGTERM, or one
             # the launcher lost): what is left of the job gets SIGKILL after the grace.
             while time.monotonic() < deadline[0] and any(_alive(p) for p in job | descendants(os.getpid())):
-                _reap()
+                _reap(job)
                 time.sleep(0.05)
             _kill(job | descendants(os.getpid()))
-            _reap()
+            _reap(job)
         if copier is not None:
             copier.join(timeout=5)
     except BaseException:

@@ -71,7 +71,7 @@ class Communicator:
             group, which must span the same ranks).
         check: how much to verify that all ranks called the same collective with agreeing
             arguments before it moves data (collectives/agreement.py): 'cheap' (every call
-            agrees on a fingerprint of its arguments: one 16-byte MPI_Allreduce; default),
+            agrees on a fingerprint of its arguments: one 16-byte all-reduce; default),
             'all' (every call gathers every rank's arguments: a debugging mode) or 'off'.
             PSRT_CHECK overrides the default.  A disagreement raises CollectiveMismatch on
             every rank, naming the ranks and what each passed, instead of hanging, crashing

@@ -65,8 +65,9 @@ VARIABLES = {v.name: v for v in (
              "(default 300; `psrt.train --timeout`; a torch.distributed group made with `timeout=` "
              "waits that long instead)"),
     Variable("PSRT_CHECK", _one_of(*CHECK_MODES), "all, cheap or off", "cheap",
-             "`all` (check every collective call across ranks), `cheap` (first call of each, "
-             "default), `off`"),
+             "how collective calls are checked across ranks before they move data: `cheap` (every "
+             "call agrees on a fingerprint of its arguments, default), `all` (every call gathers "
+             "every rank's arguments: debugging), `off`"),
     Variable("PSRT_CUDA_AWARE", _flag, "0 or 1", None,
              "`1`/`0`: hand CUDA tensors to MPI directly or stage them (default: ask the MPI library)"),
     Variable("PSRT_TUNING", str, "a file name", None,
@@ -86,6 +87,10 @@ VARIABLES = {v.name: v for v in (
              "library's); a group's `pg_options` win"),
     Variable("PSRT_TRACEBACK", _flag, "0 or 1", False,
              "`1`: print the full traceback before the one-line error"),
+    Variable("PSRT_MPI_LOG", str, "a file name", None,
+             "set by `mpi_launch` and `python -m psrt.cluster run` for their ranks: the file "
+             "keeping the MPI library's abort notices they leave out of stderr, named in the "
+             "one-line error of a rank's uncaught exception"),
 )}
 
 
@@ -152,6 +157,10 @@ def master_addr() -> str | None:
 
 def traceback() -> bool:
     return get("PSRT_TRACEBACK")
+
+
+def mpi_log() -> str | None:
+    return get("PSRT_MPI_LOG")
 
 
 def markdown_table() -> str:

@@ -62,14 +62,37 @@ def launcher_rank() -> int | None:
     return None
 
 
-def report(err: BaseException, prog: str = "psrt") -> None:
-    """Print `err` as one line on stderr with the rank in front (if there is one)."""
+def report(err: BaseException, prog: str = "psrt", note: str = "") -> None:
+    """Print `err` as one line on stderr with the rank in front (if there is one) and `note`
+    after it (where MPI's notice of the abort that follows is kept: psrt.faults)."""
     rank = launcher_rank()
     if getattr(err, "everywhere", False) and rank not in (None, 0):
         return
     where = f"[rank {rank}] " if rank is not None else ""
     msg = " ".join(str(err).split()) or type(err).__name__
-    print(f"{where}{prog}: error: {msg}", file=sys.stderr, flush=True)
+    write_line(f"{where}{prog}: error: {msg}{note}")
+
+
+def write_line(line: str) -> None:
+    """Write `line` to stderr in one write(2): mpirun forwards each rank's output as it reads
+    it, and a line written in pieces (print() under PYTHONUNBUFFERED) can be cut by another
+    rank's line.  A pipe takes up to PIPE_BUF (4096) bytes at once (POSIX write())."""
+    data = (line + "\n").encode(errors="replace")
+    try:
+        sys.stderr.flush()
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):   # replaced by an object without a file
+        print(line, file=sys.stderr, flush=True)
+        return
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def multi_rank() -> bool:
+    """Whether MPI runs here with more than one rank (so abort() ends a job)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    return (mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized()
+            and mpi.COMM_WORLD.Get_size() > 1)
 
 
 def cli_main(prog: str):
@@ -96,9 +119,7 @@ def abort(code: int) -> None:
     sec. 9.5, MPI_ABORT): the others may be waiting in a collective for this one, and would
     hang.  Returns (does nothing) when there is no such job; the caller then exits itself.
     The one abort path of psrt: errors, the exception hook and the watchdog all end here."""
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        if mpi.COMM_WORLD.Get_size() > 1:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            mpi.COMM_WORLD.Abort(code)
+    if multi_rank():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(code)

@@ -19,20 +19,52 @@ import time
 import traceback
 
 from psrt import env
-from psrt.errors import abort, launcher_rank, report
+from psrt.errors import abort, launcher_rank, multi_rank, report
+
+
+def _libraries() -> dict[str, str]:
+    """Folders of code that is not the user's (psrt, torch, the standard library, installed
+    packages), each with the folder its files are named from in a message."""
+    import sysconfig
+    paths = sysconfig.get_paths()
+    roots = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    packages = {os.path.dirname(os.path.abspath(__file__))}      # psrt
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch, "__file__", None):
+        packages.add(os.path.dirname(torch.__file__))
+    found = {os.path.realpath(d) + os.sep: os.path.realpath(d) for d in roots}
+    # torch/nn/modules/linear.py rather than nn/modules/linear.py
+    found.update({os.path.realpath(d) + os.sep: os.path.dirname(os.path.realpath(d)) for d in packages})
+    return dict(sorted(found.items(), key=lambda item: -len(item[0])))   # innermost first
+
+
+def location(tb) -> str:
+    """` (file:line)` of the innermost frame of the user's own code in the extracted
+    traceback `tb`, followed by the innermost frame when that is in a library
+    (` (train.py:12, in torch/nn/modules/linear.py:134)`); '' without frames."""
+    if not tb:
+        return ""
+    libraries = _libraries()
+
+    def library(frame) -> str | None:
+        path = os.path.realpath(frame.filename)
+        return next((base for d, base in libraries.items() if path.startswith(d)), None)
+    user = [f for f in tb if not f.filename.startswith("<") and library(f) is None]
+    inner = tb[-1]
+    if not user or user[-1] is inner:
+        return f" ({os.path.basename(inner.filename)}:{inner.lineno})"
+    base = library(inner)
+    shown = os.path.relpath(os.path.realpath(inner.filename), base) if base else os.path.basename(inner.filename)
+    return f" ({os.path.basename(user[-1].filename)}:{user[-1].lineno}, in {shown}:{inner.lineno})"
 
 
 def describe(err: BaseException) -> str:
-    """`Type: message (file:line)` of where `err` was raised, on one line."""
+    """`Type: message (file:line)` of where `err` was raised in the user's code, on one line."""
     from psrt.errors import PsrtError
     if isinstance(err, PsrtError):
         return str(err)
-    where = ""
     tb = traceback.extract_tb(err.__traceback__) if err.__traceback__ else []
-    if tb:
-        frame = tb[-1]
-        where = f" ({os.path.basename(frame.filename)}:{frame.lineno})"
-    return f"{type(err).__name__}: {err}{where}"
+    return f"{type(err).__name__}: {err}{location(tb)}"
 
 
 def excepthook(kind, err, tb, prog: str = "psrt") -> None:
@@ -54,7 +86,9 @@ def excepthook(kind, err, tb, prog: str = "psrt") -> None:
     class _Line(Exception):
         pass
     _Line.everywhere = everywhere
-    report(_Line(describe(err)), prog)
+    # Under psrt's launchers MPI's notice of the abort below is kept in a file, named here.
+    log = env.mpi_log() if multi_rank() else None
+    report(_Line(describe(err)), prog, f" (MPI's abort notice: {log})" if log else "")
     code = getattr(err, "exit_code", 1)
     if everywhere and launcher_rank() not in (None, 0):
         # Every rank raised the same error and rank 0 says it for all: leave it time to, as

@@ -9,18 +9,27 @@ rank 0 is seen like any other.  When some rank has waited in one collective for 
 heard from prints one report naming every rank's position and aborts the job (MPI_Abort),
 so mpirun exits non-zero on every host.
 
+A rank that shuts down (`stop()`: torch.distributed's destroy_process_group, the end of a
+`with Watchdog(...)`, or the interpreter's exit) tells every other rank so with a last
+heartbeat.  A rank waiting in a call when it hears that does not wait for the timeout: after
+LEFT_GRACE_S (the peer may have finished its part of this very call just before leaving) it
+prints one line naming the call it waits in and the rank that left, and ends the job.  A
+rank's `stop()` returns once every rank has stopped, or the job ends through the others.
+
 The timeout comes from the argument, else PSRT_TIMEOUT (seconds), else 300 s (psrt.env).
 """
 from __future__ import annotations
 
+import atexit
 import sys
 import threading
 import time
 
 from psrt import env
-from psrt.errors import PsrtError, abort
+from psrt.errors import PsrtError, abort, launcher_rank, write_line
 
 TAG = 7717
+LEFT_GRACE_S = 1.0      # how long a call may still wait after a peer left before it is stuck
 
 
 class Watchdog:
@@ -36,7 +45,7 @@ class Watchdog:
         on_stall: called with the report instead of aborting (for tests and embedding).
     """
 
-    def __init__(self, world, groups=(), timeout_s: float | None = None, interval: float = 2.0,
+    def __init__(self, world, groups=(), timeout_s: float | None = None, interval: float = 1.0,
                  on_stall=None):
         self.world = world
         self.timeout_s = env.timeout_s() if timeout_s is None else timeout_s
@@ -54,6 +63,7 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._heard: dict[int, tuple[float, dict]] = {}
         self._sends: list = []          # heartbeat requests in flight (they own their buffers)
+        self._left = False
         self.report: str | None = None
 
     # ------------------------------------------------------------ user side
@@ -67,18 +77,46 @@ class Watchdog:
     def start(self) -> "Watchdog":
         self._thread = threading.Thread(target=self._loop, name="psrt-watchdog", daemon=True)
         self._thread.start()
+        # A program that ends without stop() still tells the others (mpi4py's own exit
+        # handler, MPI_Finalize, was registered before this one and runs after it).
+        atexit.register(self._at_exit)
         return self
 
     def stop(self) -> None:
+        """Tell every rank this one has shut down, and return when all have (a rank still
+        waiting for this one in a call ends the job instead: see the module's docstring)."""
         from mpi4py import MPI
+        atexit.unregister(self._at_exit)
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        if self._left:
+            return
+        self._left = True
+        me, n = self._comm.Get_rank(), self._comm.Get_size()
+        last = dict(self._state(), left=True)
+        self._sends += [self._comm.isend(last, dest=peer, tag=TAG) for peer in range(n) if peer != me]
+        # Until every peer has said it left: nobody stops listening while a peer may still
+        # count on hearing it; polled with back-off, not a busy MPI_Barrier.
+        pause = 1e-4
+        while True:
+            self._drain()
+            if all(self._has_left(r) for r in range(n) if r != me):
+                break
+            time.sleep(pause)
+            pause = min(0.02, pause * 2)
         MPI.Request.Waitall(self._sends)
-        self._comm.Barrier()   # nobody stops sending while a peer still counts on hearing it
-        self._drain()
         self._comm.Free()
+
+    def _at_exit(self) -> None:
+        from mpi4py import MPI
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            self.stop()
+
+    def _has_left(self, rank: int) -> bool:
+        heard = self._heard.get(rank)
+        return bool(heard and heard[1] and heard[1].get("left"))
 
     def __enter__(self) -> "Watchdog":
         return self.start()
@@ -93,8 +131,9 @@ class Watchdog:
         now = time.monotonic()
         busy = [(c.state, c) for c in self._groups if c.state[2] is not None]
         if busy:
-            (seq, name, start), _ = min(busy, key=lambda b: b[0][2])
-            return {"call": seq, "name": name, "waiting": now - start, "step": self._step}
+            (seq, name, start), group = min(busy, key=lambda b: b[0][2])
+            return {"call": seq, "name": name, "waiting": now - start, "step": self._step,
+                    "group": _describe(group)}
         latest = max((c.state for c in self._groups), default=(0, "", None))
         return {"call": latest[0], "name": latest[1], "waiting": None, "step": self._step}
 
@@ -122,14 +161,18 @@ class Watchdog:
                 if self.on_stall is not None:
                     self.on_stall(report)
                     return
-                print(report, file=sys.stderr, flush=True)
+                write_line(report)
                 abort(3)
                 return
 
     def _check(self, me: int, n: int, started: float) -> str | None:
         now = time.monotonic()
-        silent = [r for r in range(n)
-                  if now - self._heard.get(r, (started, None))[0] > self.timeout_s]
+        left = [r for r in range(n) if self._has_left(r)]
+        mine = self._heard[me][1]
+        if left and mine["waiting"] is not None and mine["waiting"] > LEFT_GRACE_S:
+            return self._format_left(me, left, mine)
+        silent = [r for r in range(n) if r not in left
+                  and now - self._heard.get(r, (started, None))[0] > self.timeout_s]
         stalled = [r for r, (_, s) in self._heard.items()
                    if s and s["waiting"] is not None and s["waiting"] > self.timeout_s]
         if not silent and not stalled:
@@ -138,6 +181,16 @@ class Watchdog:
         if not alive or me != min(alive):
             return None   # the lowest rank still heard from speaks for everyone
         return self._format(n, now, silent, stalled)
+
+    def _format_left(self, me: int, left: list[int], mine: dict) -> str:
+        """One line: the call this rank waits in and the ranks that shut down without it."""
+        who = "; ".join(f"rank {r} ({self._hosts[r]}) shut down after its "
+                        f"{self._heard[r][1]['name'] or 'no'} call #{self._heard[r][1]['call']}"
+                        for r in left)
+        prefix = f"[rank {launcher_rank()}] " if launcher_rank() is not None else ""
+        return (f"{prefix}psrt: error: rank {me} waits in {mine['name']} call #{mine['call']} "
+                f"(on {mine['group']}) for ranks that left: {who}; every rank of a group must make "
+                "the same collective calls before it shuts down")
 
     def _format(self, n: int, now: float, silent: list[int], stalled: list[int]) -> str:
         front = max((self._heard[r][1]["call"] for r in stalled), default=0)
@@ -155,3 +208,16 @@ class Watchdog:
                 lines.append(f"  rank {r} ({self._hosts[r]}): running its own code after {s['name'] or 'no'} call "
                              f"#{s['call']} (step {s['step']}){behind}")
         return "\n".join(lines)
+
+
+def _describe(group) -> str:
+    """A watched Communicator as a report names it: its size and, where the MPI communicator
+    has one, its name."""
+    comm = getattr(group, "comm", None)
+    name = ""
+    try:
+        name = comm.Get_name() if comm is not None else ""
+    except Exception:  # noqa: BLE001 - a name is a nicety
+        pass
+    size = getattr(group, "size", "?")
+    return f"a group of {size} ranks" + (f" named {name!r}" if name and not name.startswith("MPI") else "")

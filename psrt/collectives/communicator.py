@@ -18,6 +18,7 @@ import torch
 
 from psrt import env
 from psrt.collectives import alltoall, native, ps, recursive, ring, small, torch_backend, tree
+from psrt.collectives.agreement import Agreement
 from psrt.collectives.executor import Executor, Handle
 from psrt.collectives.ready import ReadyCache
 from psrt.collectives.algorithms import ALGORITHMS, ALL_ALGORITHMS
@@ -69,10 +70,12 @@ class Communicator:
         torch_group: torch.distributed group for the 'torch' algorithm (default: the default
             group, which must span the same ranks).
         check: how much to verify that all ranks called the same collective with agreeing
-            arguments before it runs: 'all' (every call: a debugging mode), 'cheap' (the
-            first call of each collective; default) or 'off'.  PSRT_CHECK overrides the
-            default.  A disagreement raises CollectiveMismatch on every rank, naming the
-            ranks and what each passed, instead of hanging or returning garbage.
+            arguments before it moves data (collectives/agreement.py): 'cheap' (every call
+            agrees on a fingerprint of its arguments: one 16-byte all-reduce; default),
+            'all' (every call gathers every rank's arguments: a debugging mode) or 'off'.
+            PSRT_CHECK overrides the default.  A disagreement raises CollectiveMismatch on
+            every rank, naming the ranks and what each passed, instead of hanging, crashing
+            or returning garbage.
         tracer: a psrt.trace.Tracer recording every collective as a span (default: none).
         persistent: the small CPU all-reduces made ready once (psrt/collectives/ready.py)
             move their messages with persistent requests (MPI_Send_init / MPI_Recv_init,
@@ -110,6 +113,7 @@ class Communicator:
         # interleave with the data of a collective still running on the worker thread.
         self._meta = self.comm.Dup()
         self._checked: set = set()
+        self._agreement = Agreement(self._meta, self.check)
         self.calls = 0
         self.state: tuple = (0, "", None)
         self._ready = ReadyCache(self, self._executor, persistent)    # small all-reduces made ready
@@ -125,23 +129,32 @@ class Communicator:
             self._meta.Free()
             self._meta = None
 
-    def _verify(self, name: str, **signature) -> bool:
-        """Exchange (collective, arguments) with every rank and fail loudly on disagreement;
-        whether this call was checked (the check mode says which calls are)."""
+    def _verify(self, name: str, shown: tuple = (), **signature):
+        """Count this call and return its agreement (collectives/agreement.py): a function that
+        returns once every rank makes the same call, or raises CollectiveMismatch on every
+        rank; None under check='off'.  It runs where the call runs, in order with the calls
+        queued before it, so a non-blocking call returns at once and fails at its wait();
+        `shown` pairs are named in the error only."""
         self.calls += 1
-        if self.check == "off" or (self.check == "cheap" and name in self._checked):
-            return False
-        self._checked.add(name)
-        mine = (name, tuple(sorted(signature.items())))
-        every = self._meta.allgather(mine)
-        bad = [r for r, fp in enumerate(every) if fp != every[0]]
-        if bad:
-            def show(fp):
-                return fp[0] + "(" + ", ".join(f"{k}={v}" for k, v in fp[1]) + ")"
-            listing = "; ".join(f"rank {r}: {show(fp)}" for r, fp in enumerate(every))
-            raise CollectiveMismatch(f"collective call #{self.calls} does not match across ranks: "
-                                     f"ranks {bad} differ from rank 0 ({listing})", everywhere=True)
-        return True
+        if self.check == "off":
+            return None
+        return self._agreeing(self._agreement.signature(name, signature), shown)
+
+    def _agreeing(self, sig: tuple, shown: tuple = (), fp: int | None = None):
+        seq, agreement = self.calls, self._agreement
+
+        def agree():
+            # Where a rank whose peer never makes the call waits: the watchdog names it.
+            self.state = (seq, sig[0], time.monotonic())
+            agreement.agree(seq, sig, shown, fp)
+        return agree
+
+    def _agree_now(self, agree) -> None:
+        """Run an agreement in this thread, after the calls queued before it (for collectives
+        that exchange more on the metadata communicator right after it)."""
+        if agree is not None:
+            self._executor.run(agree)
+            self.state = (self.state[0], self.state[1], None)
 
     # ------------------------------------------------------------ plumbing
     def _pick(self, collective: str, algorithm: str | None, nbytes: int) -> str:
@@ -188,7 +201,8 @@ class Communicator:
             return self._staging.host_buffer(src).copy_(src.reshape(-1))
         return src.reshape(-1).clone() if src.is_contiguous() else src.contiguous().view(-1)
 
-    def _run(self, name: str, fn, async_op: bool, algo: str | None = None, nbytes: int | None = None):
+    def _run(self, name: str, fn, async_op: bool, algo: str | None = None, nbytes: int | None = None,
+             agree=None):
         seq = self.calls
         # A call on CUDA tensors is ordered on the stream current where it is made (as
         # torch.distributed's are): the worker thread runs its copies on that stream, so a
@@ -199,6 +213,8 @@ class Communicator:
             self.state = (seq, name, time.monotonic())
             t0 = self.tracer.clock()
             try:
+                if agree is not None:
+                    agree()
                 with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                     return fn()
             finally:
@@ -247,23 +263,31 @@ class Communicator:
         if (ready is not None and t.is_contiguous() and not t.is_cuda
                 and (out is None or out.is_contiguous() and not out.is_cuda)):
             self.calls += 1      # what _verify counts on the full path
-            return self._start(ready.call, t, out, async_op)
+            return self._start(ready.call, t, out, async_op,
+                               None if self.check == "off" else self._agreeing(*ready.agreed))
         check_dtype(t)
         check_op(op, t.dtype)
         self._check_out(out, t.shape, t.dtype, "allreduce")
         nbytes = t.numel() * t.element_size()
         algo = self._pick("allreduce", algorithm, nbytes)
-        self._verify("allreduce", op=op, dtype=t.dtype, numel=t.numel(), algorithm=algo)
+        sig = dict(op=op, dtype=t.dtype, numel=t.numel(), algorithm=algo)
+        agree = self._verify("allreduce", (("shape", tuple(t.shape)),), **sig)
         small_cpu = not t.is_cuda and t.dtype in small.DTYPES and small.takes(algo, nbytes)
         if (small_cpu and algo in small.FAST and t.is_contiguous() and self.check != "all"
                 and (out is None or out.is_contiguous() and not out.is_cuda)):
-            return self._start(self._ready.add(key, t, out, op, algorithm, algo).call, t, out, async_op)
+            ready = self._ready.add(key, t, out, op, algorithm, algo)
+            agreed = self._agreement.signature("allreduce", sig)
+            ready.agreed = (agreed, (("shape", tuple(t.shape)),), self._agreement.fingerprint_of(agreed))
+            return self._start(ready.call, t, out, async_op, agree)
         if small_cpu and algo in small.ALLREDUCE:
-            return self._run("allreduce", lambda: self._small_allreduce(t, op, out, algo), async_op, algo, nbytes)
+            return self._run("allreduce", lambda: self._small_allreduce(t, op, out, algo), async_op, algo, nbytes,
+                             agree)
         if (algo == "native" and not async_op and self._executor.idle() and not t.is_cuda
                 and t.dtype in _MPI_TYPED and t.is_contiguous()
                 and (out is None or out.is_contiguous())):
             result = out if out is not None else torch.empty_like(t)
+            if agree is not None:
+                agree()
             self.state = (self.calls, "allreduce", time.monotonic())
             t0 = self.tracer.clock()
             native.allreduce_into(self.comm, t, result, op)
@@ -285,10 +309,17 @@ class Communicator:
             if op == "avg":
                 flat.div_(self.size)
             return Staging.from_mpi(flat, result)
-        return self._run('allreduce', run, async_op, algo, nbytes)
+        return self._run('allreduce', run, async_op, algo, nbytes, agree)
 
-    def _start(self, call, t, out, async_op: bool):
-        """Run a ready call now (nothing queued), after what is queued, or queued (async_op)."""
+    def _start(self, call, t, out, async_op: bool, agree=None):
+        """Run a ready call now (nothing queued), after what is queued, or queued (async_op),
+        its agreement first."""
+        if agree is not None:
+            ready = call
+
+            def call(x, o):
+                agree()
+                return ready(x, o)
         if async_op:
             return self._executor.submit(call, t, out)
         if self._executor.idle():
@@ -324,7 +355,7 @@ class Communicator:
         shape = (counts[self.rank],) + tuple(t.shape[1:])
         self._check_out(out, shape, t.dtype, "reduce_scatter")
         algo = self._pick("reduce_scatter", algorithm, t.numel() * t.element_size())
-        self._verify("reduce_scatter", op=op, dtype=t.dtype, shape=tuple(t.shape), counts=tuple(counts),
+        agree = self._verify("reduce_scatter", op=op, dtype=t.dtype, shape=tuple(t.shape), counts=tuple(counts),
                      algorithm=algo)
         fn = _REDUCE_SCATTER[algo]
 
@@ -337,7 +368,7 @@ class Communicator:
                 mine.div_(self.size)
             result = out if out is not None else torch.empty(shape, dtype=t.dtype, device=t.device)
             return result.copy_(mine)
-        return self._run('reduce_scatter', run, async_op, algo)
+        return self._run('reduce_scatter', run, async_op, algo, agree=agree)
 
     def reduce(self, t: torch.Tensor, root: int = 0, op: str = "sum", out: torch.Tensor | None = None,
                algorithm: str | None = None, async_op: bool = False):
@@ -347,7 +378,7 @@ class Communicator:
         self._check_root(root, "reduce")
         self._check_out(out, t.shape, t.dtype, "reduce")
         algo = self._pick("reduce", algorithm, t.numel() * t.element_size())
-        self._verify("reduce", op=op, root=root, dtype=t.dtype, numel=t.numel(), algorithm=algo)
+        agree = self._verify("reduce", (("shape", tuple(t.shape)),), op=op, root=root, dtype=t.dtype, numel=t.numel(), algorithm=algo)
         fn = _REDUCE[algo]
 
         def run():
@@ -359,7 +390,7 @@ class Communicator:
             if op == "avg":
                 flat.div_(self.size)
             return Staging.from_mpi(flat, result if result is not None else torch.empty_like(t))
-        return self._run('reduce', run, async_op, algo)
+        return self._run('reduce', run, async_op, algo, agree=agree)
 
     # ------------------------------------------------------------ data movement
     def broadcast(self, t: torch.Tensor, root: int = 0, algorithm: str | None = None,
@@ -368,14 +399,14 @@ class Communicator:
         check_dtype(t)
         self._check_root(root, "broadcast")
         algo = self._pick("broadcast", algorithm, t.numel() * t.element_size())
-        self._verify("broadcast", root=root, dtype=t.dtype, numel=t.numel(), algorithm=algo)
+        agree = self._verify("broadcast", (("shape", tuple(t.shape)),), root=root, dtype=t.dtype, numel=t.numel(), algorithm=algo)
         fn = _BROADCAST[algo]
 
         def run():
             flat = self._work(t, algo, direct=t)
             fn(self._backend_comm(algo), flat, root)
             return Staging.from_mpi(flat, t)
-        return self._run('broadcast', run, async_op, algo)
+        return self._run('broadcast', run, async_op, algo, agree=agree)
 
     def allgather(self, t: torch.Tensor, out: torch.Tensor | None = None, counts=None,
                   algorithm: str | None = None, async_op: bool = False):
@@ -387,17 +418,23 @@ class Communicator:
         check_dtype(t)
         if t.dim() == 0:
             t = t.reshape(1)
-        if counts is None:
-            counts = [s[0] for s in self._shapes(t, "allgather")]
-        elif len(counts) != self.size or counts[self.rank] != t.shape[0]:
+        if counts is not None and (len(counts) != self.size or counts[self.rank] != t.shape[0]):
             raise PsrtError(f"allgather: counts {list(counts)} do not fit {self.size} ranks with "
                             f"this rank's {t.shape[0]} rows")
+        # Agreed first (dim 0 may differ), so that the shapes exchange below is the same call
+        # on every rank; then the agreed counts make the transfer safe.
+        agree = self._verify("allgather", (("shape", tuple(t.shape)),), dtype=t.dtype, row=tuple(t.shape[1:]),
+                             counts="exchanged" if counts is None else tuple(counts),
+                             algorithm=algorithm or self.algorithm)
+        if counts is None:
+            self._agree_now(agree)
+            agree = None
+            counts = [s[0] for s in self._shapes(t, "allgather")]
         row = math.prod(t.shape[1:])
         elems = [c * row for c in counts]
         shape = (sum(counts),) + tuple(t.shape[1:])
         self._check_out(out, shape, t.dtype, "allgather")
         algo = self._pick("allgather", algorithm, sum(elems) * t.element_size())
-        self._verify("allgather", dtype=t.dtype, counts=tuple(counts), row=tuple(t.shape[1:]), algorithm=algo)
         fn = _ALLGATHER[algo]
 
         def run():
@@ -412,7 +449,7 @@ class Communicator:
             flat[off[self.rank]:off[self.rank + 1]].copy_(t.reshape(-1))
             fn(self._backend_comm(algo), flat, elems)
             return Staging.from_mpi(flat, result)
-        return self._run('allgather', run, async_op, algo)
+        return self._run('allgather', run, async_op, algo, agree=agree)
 
     def gather(self, t: torch.Tensor, root: int = 0, async_op: bool = False):
         """Concatenate every rank's t along dim 0 on `root` (uneven rows allowed); None elsewhere."""
@@ -420,7 +457,7 @@ class Communicator:
         self._check_root(root, "gather")
         if t.dim() == 0:
             t = t.reshape(1)
-        self._verify("gather", root=root, dtype=t.dtype, row=tuple(t.shape[1:]))
+        self._agree_now(self._verify("gather", root=root, dtype=t.dtype, row=tuple(t.shape[1:])))
         shapes = self._shapes(t, "gather")
         row = math.prod(t.shape[1:])
         elems = [s[0] * row for s in shapes]
@@ -439,7 +476,7 @@ class Communicator:
 
         Only the root's t is read; other ranks may pass None."""
         self._check_root(root, "scatter")
-        self._verify("scatter", root=root)
+        self._agree_now(self._verify("scatter", root=root))
         meta = None
         if self.rank == root:
             if t is None:
@@ -468,7 +505,7 @@ class Communicator:
             raise PsrtError(f"alltoall: dim 0 of the input ({rows}) must divide by the number "
                             f"of ranks ({self.size})")
         self._check_out(out, t.shape, t.dtype, "alltoall")
-        self._verify("alltoall", dtype=t.dtype, shape=tuple(t.shape))
+        agree = self._verify("alltoall", dtype=t.dtype, shape=tuple(t.shape))
 
         def run():
             send = self._work(t)
@@ -476,7 +513,7 @@ class Communicator:
             native.alltoall(self.comm, send, recv)
             result = out if out is not None else torch.empty_like(t, memory_format=torch.contiguous_format)
             return Staging.from_mpi(recv, result)
-        return self._run('alltoall', run, async_op)
+        return self._run('alltoall', run, async_op, agree=agree)
 
     def alltoallv(self, t: torch.Tensor, send_counts, recv_counts=None, out: torch.Tensor | None = None,
                   algorithm: str | None = None, async_op: bool = False):
@@ -504,8 +541,11 @@ class Communicator:
             raise PsrtError(f"algorithm {algorithm!r} does not implement alltoallv; choose one of {', '.join(table)}")
         algo = algorithm or (self.algorithm if self.algorithm in table else "native")
         tail = tuple(t.shape[1:])
-        checked = self._verify("alltoallv", dtype=t.dtype, row=tail, algorithm=algo,
-                               recv_counts="exchanged" if recv_counts is None else "given")
+        # every rank's counts are compared on the first call under 'cheap', on every one under 'all'
+        checked = self.check == "all" or (self.check == "cheap" and "alltoallv" not in self._checked)
+        self._checked.add("alltoallv")
+        self._agree_now(self._verify("alltoallv", dtype=t.dtype, row=tail, algorithm=algo,
+                                     recv_counts="exchanged" if recv_counts is None else "given"))
         if recv_counts is None:
             recv_counts = self._exchange_counts(send_counts)
         else:
@@ -560,11 +600,11 @@ class Communicator:
                                      everywhere=True)
 
     def barrier(self, async_op: bool = False):
-        self._verify("barrier")
+        agree = self._verify("barrier")
 
         def run():
             self.comm.Barrier()
-        return self._run('barrier', run, async_op)
+        return self._run('barrier', run, async_op, agree=agree)
 
     def _check_root(self, root: int, what: str) -> None:
         if not 0 <= root < self.size:

@@ -32,10 +32,11 @@ _SEEN = 1024                # (input, output) pairs remembered as seen once
 class Ready:
     """One ready all-reduce: `ready(t, out)` reduces t (into out, or a fresh tensor)."""
 
-    __slots__ = ("call", "plan", "nbytes")
+    __slots__ = ("call", "plan", "nbytes", "agreed")
 
     def __init__(self, call, plan: small.Plan, nbytes: int):
         self.call, self.plan, self.nbytes = call, plan, nbytes
+        self.agreed: tuple = ()     # what the Communicator agrees on before each call
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:

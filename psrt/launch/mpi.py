@@ -6,7 +6,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 
 from psrt.errors import PsrtError
 
@@ -47,63 +49,192 @@ def find_mpirun(explicit: str | None = None) -> str:
                     "e.g. apt install openmpi-bin, or MPICH; inside Slurm, srun is used)")
 
 
-# Open MPI's notices that ranks exited with a non-zero code.  psrt's ranks have already said
-# why in one line; these blocks only repeat that something failed.  Notices of a rank killed
-# by a signal, or of MPI_Abort, are kept.
+# Open MPI's notices that repeat what psrt's ranks have already said in one line: that ranks
+# exited with a non-zero code, that a rank called MPI_Abort (psrt's one way to end a job:
+# psrt.errors.abort), and the daemons' error lines that follow an abort.  Notices of a rank
+# killed by a signal are kept.
 EXIT_BANNERS = ("Primary job  terminated normally, but", "Primary job terminated normally, but",
-                "mpirun detected that one or more processes exited with non-zero status")
+                "mpirun detected that one or more processes exited with non-zero status",
+                "MPI_ABORT was invoked on rank")
+NOISE = ("ORTE_ERROR_LOG", "more processes have sent help message", "more process has sent help message",
+         "to 0 to see all help / error messages")
 _RULE = "-" * 74   # Open MPI frames each notice between two such lines
 
 
-def drop_exit_banners(lines, write) -> None:
-    """Copy `lines` to `write`, leaving out every framed notice that is an EXIT_BANNER."""
+def drop_exit_banners(lines, write, keep=None) -> None:
+    """Copy `lines` to `write`, leaving out every framed notice that is an EXIT_BANNER and
+    every line of NOISE; what is left out goes to `keep` (when given)."""
+    keep = keep or (lambda text: None)
     block = None
     for line in lines:
         if block is None:
             if line.rstrip("\n") == _RULE:
                 block = [line]
+            elif any(n in line for n in NOISE):
+                keep(line)
             else:
                 write(line)
             continue
         block.append(line)
         if line.rstrip("\n") == _RULE and len(block) > 1:
             text = "".join(block)
-            if not any(b in text for b in EXIT_BANNERS):
-                write(text)
+            (keep if any(b in text for b in EXIT_BANNERS) else write)(text)
             block = None
     if block:
         write("".join(block))
 
 
+# Signals a launcher passes on to its job: what Ctrl-C, `kill`, `timeout` and batch
+# schedulers send (Slurm's scancel and a job's time limit: SIGTERM; a closed terminal: SIGHUP).
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+GRACE_S = 3.0     # from the signal to SIGKILL of whatever of the job is left
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid` (children, their children, ...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                # the command name (field 2) may hold spaces and parentheses: split after it
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _adopt_orphans() -> None:
+    """Make this process the reaper of its orphaned descendants (Linux prctl
+    PR_SET_CHILD_SUBREAPER): a rank whose mpirun died stays below this process, where
+    `descendants` finds it, instead of moving to PID 1."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _kill(pids) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _reap(pids) -> None:
+    """Collect the exit status of adopted orphans among `pids`, so they do not stay as
+    zombies (only these: another child's status belongs to whoever started it)."""
+    for pid in pids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
 def run_job(argv, env, quiet_exit: bool = False) -> int:
     """Run a launcher in the foreground and return its exit code (128 + N for signal N).
 
-    On Ctrl-C or SIGTERM the launcher is given the signal and a few seconds to stop its
-    ranks (remote ones included) before it is killed: killing mpirun outright would leave
-    them behind.  `quiet_exit` (Open MPI's mpirun) leaves its non-zero-exit notices out of
-    stderr, so an error every rank agreed on stays the one line psrt printed.
+    SIGINT, SIGTERM and SIGHUP sent to this process are passed to the launcher, which stops
+    its ranks (remote ones included); whatever of the job is still alive GRACE_S later is
+    killed (SIGKILL), every process below this one, and the code is 128 + the signal.
+    `quiet_exit` (Open MPI's mpirun) leaves its notices of non-zero exits and MPI_Abort out
+    of stderr, so a failure stays the one line psrt's rank printed; they are kept in a file
+    the ranks are told of (PSRT_MPI_LOG), removed when nothing was kept.
     """
+    _adopt_orphans()
+    log = None
+    if quiet_exit:
+        # The notices left out are kept in a file the ranks' error lines name (PSRT_MPI_LOG).
+        fd, log = tempfile.mkstemp(prefix="psrt-mpi-", suffix=".log")
+        os.close(fd)
+        env = {**env, "PSRT_MPI_LOG": log}
     proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE if quiet_exit else None,
                             text=True, errors="replace")
     copier = None
     if quiet_exit:
         def copy():
-            drop_exit_banners(proc.stderr, lambda text: (sys.stderr.write(text), sys.stderr.flush()))
+            with open(log, "a") as kept:
+                drop_exit_banners(proc.stderr, lambda text: (sys.stderr.write(text), sys.stderr.flush()),
+                                  lambda text: (kept.write(text), kept.flush()))
         copier = threading.Thread(target=copy, name="psrt-stderr", daemon=True)
         copier.start()
     try:
-        code = proc.wait()
-        if copier is not None:
-            copier.join()
-    except BaseException as err:
-        proc.send_signal(signal.SIGINT if isinstance(err, KeyboardInterrupt) else signal.SIGTERM)
+        return _supervise(proc, copier)
+    finally:
+        if log is not None and os.path.exists(log) and os.path.getsize(log) == 0:
+            os.unlink(log)
+
+
+def _supervise(proc, copier) -> int:
+    """Wait for the launcher `proc`, passing FORWARDED signals on (see run_job)."""
+    caught: list[int] = []
+    job: set[int] = set()
+    deadline = [0.0]
+
+    def forward(signum, frame):
+        if not caught:
+            job.update(descendants(os.getpid()))
+            deadline[0] = time.monotonic() + GRACE_S
+        caught.append(signum)
         try:
-            proc.wait(timeout=10)
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+    main = threading.current_thread() is threading.main_thread()
+    # A signal the caller ignores stays ignored (a job started in the background of a
+    # non-interactive shell must not end on the terminal's Ctrl-C).
+    old = {s: signal.signal(s, forward) for s in FORWARDED
+           if main and signal.getsignal(s) is not signal.SIG_IGN}
+    try:
+        while True:
+            try:     # polled: a signal's handler runs, and the grace is counted, while it waits
+                code = proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if caught and time.monotonic() > deadline[0]:
+                    _kill(job | descendants(os.getpid()) | {proc.pid})
+        if caught:
+            # The launcher is gone; its ranks may not be (a rank that ignores SIGTERM, or one
+            # the launcher lost): what is left of the job gets SIGKILL after the grace.
+            while time.monotonic() < deadline[0] and any(_alive(p) for p in job | descendants(os.getpid())):
+                _reap(job)
+                time.sleep(0.05)
+            _kill(job | descendants(os.getpid()))
+            _reap(job)
+        if copier is not None:
+            copier.join(timeout=5)
+    except BaseException:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=GRACE_S)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            _kill(descendants(os.getpid()) | {proc.pid})
             proc.wait()
         raise
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    if caught:
+        return 128 + caught[0]
     return 128 - code if code < 0 else code
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def local_mpirun_prefix(np_: int, mpirun: str = "mpirun", yield_when_idle: bool = True) -> list[str]:

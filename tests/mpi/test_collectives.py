@@ -48,8 +48,9 @@ def test_alltoallv_every_algorithm(run_ranks, np_):
     last = np_ - 1
     for rec in records:
         assert rec["failures"] == [], rec
-        # 3 calls: the signature and the counts gathered on each checked call, nothing else
-        assert rec["meta_calls"] == {"all": 6, "cheap": 2, "off": 0}, rec
+        # 3 calls: every call agrees on its fingerprint (cheap) or gathers its signature (all);
+        # the counts are gathered on the checked calls (the first under cheap), nothing else
+        assert rec["meta_calls"] == {"all": 6, "cheap": 4, "off": 0}, rec
         if np_ == 1:
             continue
         errors = rec["errors"]

@@ -114,3 +114,38 @@ def test_dead_worker_ends_a_parameter_server_job(mode, dp):
         assert len(lines) == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
     assert detect < DETECT_S, detect
     assert not leftovers(tag)
+
+
+def test_a_users_error_is_one_line_per_rank_naming_the_users_line():
+    """A user's script (no hook of its own) raising inside torch on one rank, and on two ranks
+    at once, under mpi_launch: at most one line per rank on stderr, none cut into another,
+    each naming the user's file and line before torch's, nothing of MPI's abort notice, which
+    is kept in the file the line names."""
+    script = MPI_SCRIPTS / "user_error.py"
+    line = next(i for i, text in enumerate(script.read_text().splitlines(), 1) if "# LINE" in text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_COMM_", "PMIX_", "PSRT_"))}
+    env.pop("OMP_NUM_THREADS", None)            # (mpi_launch would note that it keeps it)
+    env["PYTHONPATH"] = str(ROOT)
+    procs = {ranks: subprocess.Popen([str(ROOT / "mpi_launch"), "-np", "2", sys.executable, str(script), ranks],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                     stdin=subprocess.DEVNULL)
+             for ranks in ("1", "0,1")}
+    for ranks, proc in procs.items():
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 1, err[-3000:]
+        lines = err.splitlines()
+        assert 1 <= len(lines) <= len(ranks.split(",")), err[-3000:]
+        assert len(set(l.split("]")[0] for l in lines)) == len(lines), err     # one per rank
+        for text in lines:
+            rank = int(text.split("]")[0].removeprefix("[rank "))
+            assert str(rank) in ranks.split(","), text
+            assert text.startswith(f"[rank {rank}] psrt: error: RuntimeError: mat1 and mat2 shapes"), text
+            assert f"(user_error.py:{line}, in torch/nn/modules/linear.py:" in text, text
+            assert text.count("psrt: error") == 1, text
+        logs = {text.rsplit("(MPI's abort notice: ", 1)[1].rstrip(")") for text in lines}
+        assert len(logs) == 1, lines
+        with open(logs.pop()) as f:          # the abort notice, or the daemon's error line
+            kept = f.read()                  # two aborts at once leave in its place
+        os.unlink(f.name)
+        assert "MPI_ABORT was invoked" in kept or "ORTE_ERROR_LOG" in kept, kept
+        assert "MPI_ABORT" not in err and "ORTE" not in err and "----" not in err

@@ -136,3 +136,70 @@ def test_an_error_every_rank_agrees_on_is_one_line_under_mpi_launch(tmp_path):
                              "os.kill(os.getpid(), signal.SIGKILL)\nMPI.COMM_WORLD.Barrier()"],
                             capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
     assert killed.returncode != 0 and "exited on signal 9" in killed.stderr, killed.stderr
+
+
+# --- signals ----------------------------------------------------------------------------------
+
+
+def job_processes(tag: str) -> list[str]:
+    """Processes (not zombies) whose command line holds `tag`."""
+    ps = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout
+    return [line for line in ps.splitlines() if tag in line and " Z" not in line[:12]]
+
+
+def signal_jobs(cases: dict, limit: float = 120) -> dict:
+    """Start each case's launcher of busy_job.py (argv, signal, tag) in its own session, all at
+    once, and send it its signal once its job runs; returns, per case, (exit code, seconds from
+    the signal to the launcher's end, what is left of the job 10 s after the signal)."""
+    import signal as signals
+    import time
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_COMM_", "PMIX_", "SLURM_", "PSRT_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    procs = {name: subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+             for name, (argv, _, _) in cases.items()}
+    results = {}
+    try:
+        sent = {}
+        for name, proc in procs.items():
+            assert proc.stdout.readline() == "running\n", proc.stderr.read()[-3000:]
+            sent[name] = time.monotonic()
+            proc.send_signal(cases[name][1])
+        for name, proc in procs.items():
+            code = proc.wait(timeout=limit)
+            results[name] = [code, time.monotonic() - sent[name]]
+        time.sleep(max(0.0, 10 - (time.monotonic() - min(sent.values()))))
+        for name, (_, _, tag) in cases.items():
+            results[name].append(job_processes(tag))
+    finally:
+        for name, (_, _, tag) in cases.items():
+            for line in job_processes(tag):       # never leave them to the next test
+                try:
+                    os.kill(int(line.split()[0]), signals.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+            if procs[name].poll() is None:
+                os.killpg(procs[name].pid, signals.SIGKILL)
+    return results
+
+
+@needs_mpirun
+@pytest.mark.mpi
+def test_a_signal_to_mpi_launch_ends_every_rank():
+    """SIGTERM (what kill, timeout and batch schedulers send), SIGHUP and SIGINT to mpi_launch
+    while its ranks run: it exits with 128 + the signal within a few seconds and nothing of
+    the job is left 10 s after the signal, also when the ranks ignore SIGTERM (SIGKILL after
+    the grace)."""
+    import signal as signals
+    import uuid
+    cases = {}
+    for name, sig, extra in (("term", signals.SIGTERM, ()), ("hup", signals.SIGHUP, ()),
+                             ("int", signals.SIGINT, ()), ("term-ignored", signals.SIGTERM, ("ignore-term",))):
+        tag = f"psrt-sig-{uuid.uuid4().hex[:10]}"
+        argv = [sys.executable, str(ROOT / "mpi_launch"), "-np", "2", sys.executable,
+                str(ROOT / "tests" / "mpi" / "ranks" / "busy_job.py"), tag, *extra]
+        cases[name] = (argv, sig, tag)
+    for name, (code, took, left) in signal_jobs(cases).items():
+        assert code == 128 + cases[name][1], (name, code)
+        assert took < 8, (name, took)
+        assert left == [], (name, left)

@@ -403,3 +403,34 @@ def test_two_hosts_train_ps_and_ring(names, tmp_path):
         summary[dp] = next(x for x in lines if x.get("summary"))
         assert summary[dp]["workers"] == 4 and summary[dp]["test_acc"] > 0.85, summary[dp]
     assert summary["ps"]["bytes_max_rank"] > 2 * summary["ring"]["bytes_max_rank"]
+
+
+@netns
+@pytest.mark.mpi
+@needs_openmpi
+def test_sigterm_to_cluster_run_ends_the_mpi_job_on_every_host(names):
+    """SIGTERM to `python -m psrt.cluster run -- mpirun ...` while ranks run on both emulated
+    hosts: exit 143, and 10 s after the signal no rank, daemon or namespace of the job is left."""
+    import uuid
+    hosts, subnet = names(2)
+    tag = f"psrt-sig-{uuid.uuid4().hex[:10]}"
+    cmd = [sys.executable, "-m", "psrt.cluster", "run", "--hosts", ",".join(hosts), "--subnet", subnet,
+           "--", "mpirun", "--allow-run-as-root", "-np", "2", "--host", f"{hosts[0]}:1,{hosts[1]}:1",
+           sys.executable, str(ROOT / "tests" / "mpi" / "ranks" / "busy_job.py"), tag]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_COMM_", "PMIX_", "PSRT_"))}
+    proc = subprocess.Popen(cmd, env={**env, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        assert proc.stdout.readline() == "running\n", proc.stderr.read()[-3000:]
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 143
+        time.sleep(max(0.0, 10 - (time.monotonic() - sent)))
+        ps = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout
+        left = [line for line in ps.splitlines() if tag in line and " Z" not in line[:12]]
+        assert left == [], left
+        assert_gone(C.Cluster(hosts, subnet))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -56,7 +56,7 @@ class CountingComm:
         self._comm, self.calls = comm, 0
 
     def __getattr__(self, name):
-        if name in ("allgather", "alltoall", "bcast"):
+        if name in ("allgather", "alltoall", "bcast", "Iallreduce"):
             self.calls += 1
         return getattr(self._comm, name)
 
@@ -65,7 +65,7 @@ class CountingComm:
 meta_calls = {}
 for mode in ("all", "cheap", "off"):
     g = psrt.Communicator(world.comm, check=mode)
-    g._meta = CountingComm(g._meta)
+    g._meta = g._agreement.meta = CountingComm(g._meta)
     ones = torch.ones(n, n, dtype=torch.long)
     for _ in range(3):
         g.alltoallv(torch.ones(n, 3), ones[r].tolist(), ones[:, r].tolist())

@@ -32,8 +32,7 @@ for name, call in cases.items():
     except CollectiveMismatch as err:
         results[name] = {"raised": True, "message": str(err), "seconds": time.monotonic() - t0}
     comm.close()
-# cheap mode lets a later disagreement of an already-checked collective through the check;
-# that is what the 'all' mode is for (the watchdog covers the hang it may cause).
+# (a later disagreement under the default mode: mismatch_calls.py)
 # Long lines from several ranks can be cut and interleaved by mpirun's output forwarding:
 # rank 0 alone prints, one record per rank.
 everyone = world.comm.gather(results, root=0)

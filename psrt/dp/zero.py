@@ -53,14 +53,16 @@ class ZeroOptions:
 
 @dataclass(frozen=True)
 class Zero2Options(ZeroOptions):
-    """bucket_mb: gradient bucket size in MiB (default 25, as DDP's): each bucket is
-    reduce-scattered as soon as backward has produced it; at most two are in flight."""
+    """bucket_mb: gradient bucket size in MiB: each bucket is reduce-scattered as soon as
+    backward has produced it; at most two are in flight.  Default: 25 (DDP's) or an eighth
+    of the gradient, whichever is smaller, so that the two buffers in flight hold at most a
+    quarter of it and zero2 never holds more gradient than zero1 (1/4 + 1/N < 1 for N >= 2)."""
 
-    bucket_mb: float = 25.0
+    bucket_mb: float | None = None
 
     def __post_init__(self):
         super().__post_init__()
-        if not self.bucket_mb > 0:
+        if self.bucket_mb is not None and not self.bucket_mb > 0:
             raise PsrtError(f"--bucket-mb {self.bucket_mb}: must be positive", everywhere=True)
 
 
@@ -291,12 +293,16 @@ class Zero2(ZeroOptimizer):
     name = "zero2"
     Options = Zero2Options
     IN_FLIGHT = 2      # bucket buffers: one being filled while the other is reduced
+    DEFAULT_BUCKETS = 8  # without --bucket-mb, at least this many buckets (see Zero2Options)
 
     def _order(self, params: list) -> list:
         return list(reversed(params))       # backward produces gradients roughly in this order
 
     def _unit_sizes(self) -> list[int]:
-        self.buckets = group_by_bytes(self.params, int(self.options.bucket_mb * 2 ** 20))
+        mb = self.options.bucket_mb
+        whole = sum(p.numel() * p.element_size() for p in self.params)
+        nbytes = int(mb * 2 ** 20) if mb is not None else min(25 * 2 ** 20, -(-whole // self.DEFAULT_BUCKETS))
+        self.buckets = group_by_bytes(self.params, nbytes)
         return [sum(self.params[i].numel() for i in b) for b in self.buckets]
 
     def _setup(self) -> None:

@@ -46,7 +46,8 @@ class TrainConfig:
     algorithm: str | None = opt(None, "collective algorithm of the gradient reducer (default: the "
                                 "strategy's own, e.g. ring for --dp ring)", "strategy",
                                 ("auto",) + ALGORITHMS["allreduce"])
-    bucket_mb: float = opt(25.0, "gradient bucket size in MiB; 25 as in PyTorch DDP",
+    bucket_mb: float | None = opt(None, "gradient bucket size in MiB (default: 25 as in PyTorch DDP; zero2: "
+                                  "25 or an eighth of the gradient, whichever is smaller)",
                            "strategy", metavar="MB")
     overlap: bool = opt(True, "all-reduce each bucket during backward, as soon as it is ready; zero3: "
                         "prefetch the next unit's parameters (--no-overlap: neither)", "strategy")
@@ -144,14 +145,14 @@ class TrainConfig:
                 raise PsrtError(f"{flag(name)} {getattr(self, name)}: must not be negative", everywhere=True)
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise PsrtError(f"--timeout {self.timeout_s}: must be a positive number of seconds", everywhere=True)
-        if self.bucket_mb <= 0:
+        if self.bucket_mb is not None and not self.bucket_mb > 0:
             raise PsrtError(f"--bucket-mb {self.bucket_mb}: must be positive", everywhere=True)
         if self.lr is None:
             self.lr = DEFAULT_LR[self.optimizer]
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise PsrtError(f"--lr {self.lr}: must be a positive finite number", everywhere=True)
         for name in ("momentum", "weight_decay", "bucket_mb"):
-            if not math.isfinite(getattr(self, name)):
+            if getattr(self, name) is not None and not math.isfinite(getattr(self, name)):
                 raise PsrtError(f"{flag(name)} {getattr(self, name)}: must be finite", everywhere=True)
         check_name("model", self.model, MODELS)
         if self.data is None:

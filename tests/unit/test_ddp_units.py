@@ -177,3 +177,19 @@ def test_optimizer_state_bytes_counts_momentum():
     ("doubling", 1, 2 * 1000), ("tree", 0, 2 * 1000), ("tree", 3, 1000)])
 def test_wire_bytes_of_an_allreduce_of_1000_bytes_on_4_ranks(algo, rank, expected):
     assert wire_bytes("allreduce", algo, 1000, 4, rank) == expected
+
+
+def test_zero2_without_bucket_mb_cuts_a_small_model_into_eighths():
+    """A model far below 25 MiB: zero2's default buckets are an eighth of its gradient, so its
+    two buffers in flight hold a quarter of it, not the whole (which zero1 holds anyway);
+    --bucket-mb given is kept as given."""
+    from psrt.dp.zero import Zero2
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(32, 32) for _ in range(16)])
+    whole = sum(p.numel() * 4 for p in model.parameters())
+    zero2 = Zero2(model, lambda p: torch.optim.SGD(p, lr=0.1), OneRank())
+    assert len(zero2.buckets) >= 8
+    assert sum(b.numel() * 4 for b in zero2.pool) <= whole / 4 + 2 * 33 * 32 * 4     # within a layer's size
+    given = Zero2(nn.Sequential(*[nn.Linear(32, 32) for _ in range(16)]), lambda p: torch.optim.SGD(p, lr=0.1),
+                  OneRank(), bucket_mb=25)
+    assert len(given.buckets) == 1

@@ -94,5 +94,5 @@ def test_the_option_table_is_the_strategies_own_options():
     assert OPTION_TAKERS == {name: tuple(takers(name)) for name in OPTION_TAKERS}
     from psrt.train.config import build_parser
     text = " ".join(build_parser().format_help().split())
-    assert "--dp ring, native, torch, zero2 (default" in text and "--dp zero1, zero2, zero3" in text
+    assert "whichever is smaller); --dp ring, native, torch, zero2" in text and "--dp zero1, zero2, zero3" in text
     assert set(STRATEGIES) >= {d for ds in OPTION_TAKERS.values() for d in ds}

@@ -14,6 +14,7 @@ import contextlib
 import time
 from typing import Callable
 
+from psrt.dp.precision import overflowed
 from psrt.dp.stats import StepStats
 from psrt.errors import PsrtError
 from psrt.trace import OFF
@@ -43,17 +44,24 @@ def local(loss_fn: Callable, tracer=OFF, ready: Callable[[], None] | None = None
     return passes
 
 
-def run_step(components: list, passes, microbatches: list) -> StepStats:
+def run_step(components: list, passes, microbatches: list, scaler=None) -> StepStats:
     """One optimizer step: every component begins, the passes run, every component
     completes, in the same order on every rank.  The loss is the first component's (the
-    global mean where it has it); times and bytes add up."""
+    global mean where it has it); times and bytes add up.  With fp16's `scaler` and several
+    components (dense and expert parameters), one overflow decision covers them all: taken
+    from every rank's local gradients before any of them updates (LossScaler.decide)."""
     if not microbatches:
         raise PsrtError("step() needs at least one micro-batch")
     start = time.perf_counter()
     for c in components:
         c.begin(len(microbatches))
     local_loss = passes(microbatches, components)
+    joint = scaler is not None and len(components) > 1
+    if joint:
+        scaler.decide(overflowed([p.grad for c in components for p in c.params if p.grad is not None]))
     results = [c.complete(local_loss) for c in components]
+    if joint:
+        scaler.settle()
     elapsed = time.perf_counter() - start
     comm = sum(r.comm_s for r in results)
     extra = {}

@@ -25,7 +25,6 @@ from psrt.collectives.cost import wire_bytes
 from psrt.dp import strategy_class
 from psrt.dp.driver import Driver
 from psrt.dp.passes import local, run_step
-from psrt.dp.precision import overflowed
 from psrt.errors import PsrtError
 from psrt.trace import OFF
 
@@ -163,8 +162,8 @@ class OnGrid:
         else:
             self.model = model.to(self.device)
         self.moe = moe_layers(self.model)                 # this rank's MoE layers
-        self.num_experts = self.moe[0].num_experts if self.moe else \
-            (moe_layers(model)[0].num_experts if moe_layers(model) else 0)
+        every = moe_layers(model)                         # the model's, on every stage
+        self.num_experts = every[0].num_experts if every else 0
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.expert_ids = {id(p) for m in self.moe for p in m.experts.parameters()}
         self.components = attach(g, self.model, self.params, self.expert_ids, dp, options, make_optimizer)
@@ -194,17 +193,13 @@ class OnGrid:
                                self.tracer)
                 loss = passes(microbatches, [] if self.sequence_parallel else components)
         reduce_sequence_parallel_grads(self.params, self.tp)
-        if self.scaler is not None and len(self.components) > 1:
-            self.scaler.decide(overflowed([p.grad for p in self.params if p.grad is not None]))
         return loss
 
     def step(self, microbatches: list, global_tokens: int | None = None):
         """One step of this rank's micro-batches [(x, y), ...]; `global_tokens`: the targets of
         the whole global batch where the dp ranks' shares may differ (pipeline only)."""
         self.global_tokens = global_tokens
-        stats = run_step(self.components, self._passes, microbatches)
-        if self.scaler is not None and self.scaler.decided is not None:
-            self.scaler.settle()
+        stats = run_step(self.components, self._passes, microbatches, self.scaler)
         g = self.grid
         # Wire bytes as a bandwidth-optimal (ring) collective moves them; the TP group counts
         # each all-reduce's payload and each all-gather's local piece.

@@ -18,7 +18,6 @@ import torch
 
 from psrt.dp.base import StepStats
 from psrt.dp.passes import local, run_step
-from psrt.dp.precision import overflowed
 from psrt.ep.layer import moe_layers
 from psrt.train.layout import attach, begin_moe_step, routing
 
@@ -44,13 +43,8 @@ class MoETrainer:
 
         def run(mbs, components):
             begin_moe_step(self.grid, self.layers, len(mbs), self.scaler)
-            loss = passes(mbs, components)
-            if self.scaler is not None and len(self.components) > 1:
-                self.scaler.decide(overflowed([p.grad for p in self.params if p.grad is not None]))
-            return loss
-        stats = run_step(self.components, run, microbatches)
-        if self.scaler is not None and self.scaler.decided is not None:
-            self.scaler.settle()
+            return passes(mbs, components)
+        stats = run_step(self.components, run, microbatches, self.scaler)
         moe = routing(self.grid, self.layers, self.layers[0].num_experts if self.layers else 0,
                       len(microbatches))
         stats.extra.update(aux_loss=moe["aux_loss"], routed=moe["routed"], dropped=moe["dropped"],

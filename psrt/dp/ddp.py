@@ -258,6 +258,13 @@ class DDP(DataParallel):
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
 
+    # Every replica holds the same model and optimizer state (the all-reduce keeps them so):
+    # a run on any number of ranks continues from any one of them.
+    reshardable = True
+
+    def load_resharded(self, states: list[dict]) -> None:
+        self.load_state_dict(states[0])
+
 
 
 class RingDDP(DDP):

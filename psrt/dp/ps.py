@@ -333,6 +333,19 @@ class ParameterServer(DataParallel):
             if self.server_scaler is not None:
                 self.server_scaler.load_state_dict(state["ps"].get("server_scaler", state["scaler"]))
 
+    # A run on another number of ranks continues when its servers split the parameters the
+    # same way (one server, or --servers unchanged): each server takes its old shard's state.
+    # ps-sharded's servers reshard their key ranges (ps_sharded.py).
+    reshardable = True
+
+    def load_resharded(self, states: list[dict]) -> None:
+        servers = sorted((s for s in states if "server" in s["ps"]), key=lambda s: s["ps"]["server"]["lo"])
+        if [(s["ps"]["server"]["lo"], s["ps"]["server"]["hi"]) for s in servers] != [tuple(r) for r in self.ranges]:
+            raise PsrtError(f"--resume: the checkpoint's {len(servers)} parameter server(s) split the "
+                            f"parameters otherwise than this run's {len(self.ranges)}: keep --servers, "
+                            "or use --dp ps-sharded, whose servers reshard", everywhere=True)
+        self.load_state_dict(servers[self.shard] if self.shard is not None else states[0])
+
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.load_scaler(state)

@@ -5,7 +5,8 @@ every other rank on a communicator of its own: the collective call it is in (and
 long) or the last one it finished, and the training step.  A rank's heartbeats keep
 flowing while its main thread waits inside MPI (mpi4py releases the GIL there), so a stuck
 rank 0 is seen like any other.  When some rank has waited in one collective for longer than
-`timeout_s`, or a rank has not been heard from for that long, the lowest-numbered rank still
+`timeout_s`, or a rank has not been heard from for that long (SILENT_S, at most `timeout_s`,
+for a rank heard from before: its host may be lost), the lowest-numbered rank still
 heard from prints one report naming every rank's position and aborts the job (MPI_Abort),
 so mpirun exits non-zero on every host.
 
@@ -30,6 +31,11 @@ from psrt.errors import PsrtError, abort, launcher_rank, write_line
 
 TAG = 7717
 LEFT_GRACE_S = 1.0      # how long a call may still wait after a peer left before it is stuck
+# A rank heard from before and silent this long (or PSRT_TIMEOUT, if shorter) is taken for
+# dead: its heartbeats come from a thread of their own every `interval`, so 30 missed ones
+# mean a lost process or host, not a slow step.  Ranks never heard from get PSRT_TIMEOUT
+# (a crowded host may take long to start them).
+SILENT_S = 30.0
 
 
 class Watchdog:
@@ -171,8 +177,8 @@ class Watchdog:
         mine = self._heard[me][1]
         if left and mine["waiting"] is not None and mine["waiting"] > LEFT_GRACE_S:
             return self._format_left(me, left, mine)
-        silent = [r for r in range(n) if r not in left
-                  and now - self._heard.get(r, (started, None))[0] > self.timeout_s]
+        silent = [r for r in range(n) if r not in left and now - self._heard.get(r, (started, None))[0]
+                  > (min(SILENT_S, self.timeout_s) if r in self._heard else self.timeout_s)]
         stalled = [r for r, (_, s) in self._heard.items()
                    if s and s["waiting"] is not None and s["waiting"] > self.timeout_s]
         if not silent and not stalled:
@@ -194,7 +200,10 @@ class Watchdog:
 
     def _format(self, n: int, now: float, silent: list[int], stalled: list[int]) -> str:
         front = max((self._heard[r][1]["call"] for r in stalled), default=0)
-        lines = [f"psrt: watchdog: no progress for {self.timeout_s:g} s (PSRT_TIMEOUT); aborting the job"]
+        lines = [f"psrt: watchdog: no progress for {self.timeout_s:g} s (PSRT_TIMEOUT); aborting the job"
+                 if stalled or not silent else
+                 f"psrt: watchdog: rank(s) {', '.join(map(str, silent))} silent for "
+                 f"{min(SILENT_S, self.timeout_s):g} s, lost; aborting the job"]
         for r in range(n):
             seen, s = self._heard.get(r, (None, None))
             if r in silent or s is None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -84,6 +85,36 @@ def drop_exit_banners(lines, write, keep=None) -> None:
         write("".join(block))
 
 
+# Notices after which the job is over whatever mpirun does next: a rank called MPI_Abort, or
+# mpirun lost a host's daemon.  Open MPI's mpirun can stay in "abort is already in progress"
+# for ever when a host it would tell is gone, so ABORT_GRACE_S after such a notice whatever
+# is left of the job is killed, and the launcher returns the abort's error code.
+# A psrt watchdog's report is followed by its MPI_Abort (code 3), whose notice may never come.
+ENDINGS = {"MPI_ABORT was invoked on rank": 1, "ORTE has lost communication with a remote daemon": 1,
+           "abort is already in progress": 1, "psrt: watchdog: ": 3}
+ABORT_GRACE_S = 10.0
+
+
+class Ending:
+    """When (monotonic) the job was seen ending, and with which code (None: not yet)."""
+
+    def __init__(self):
+        self.at: float | None = None
+        self.code = 1
+
+    def see(self, text: str) -> None:
+        if self.at is None:
+            for marker, code in ENDINGS.items():
+                if marker in text:
+                    self.at = time.monotonic()
+                    found = re.search(r"errorcode (\d+)", text)
+                    self.code = int(found.group(1)) if found else code
+                    return
+
+    def overdue(self) -> bool:
+        return self.at is not None and time.monotonic() - self.at > ABORT_GRACE_S
+
+
 # Signals a launcher passes on to its job: what Ctrl-C, `kill`, `timeout` and batch
 # schedulers send (Slurm's scancel and a job's time limit: SIGTERM; a closed terminal: SIGHUP).
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -160,23 +191,25 @@ def run_job(argv, env, quiet_exit: bool = False) -> int:
         env = {**env, "PSRT_MPI_LOG": log}
     proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE if quiet_exit else None,
                             text=True, errors="replace")
-    copier = None
+    copier, ending = None, Ending()
     if quiet_exit:
         def copy():
             with open(log, "a") as kept:
-                drop_exit_banners(proc.stderr, lambda text: (sys.stderr.write(text), sys.stderr.flush()),
-                                  lambda text: (kept.write(text), kept.flush()))
+                drop_exit_banners(proc.stderr,
+                                  lambda text: (ending.see(text), sys.stderr.write(text), sys.stderr.flush()),
+                                  lambda text: (ending.see(text), kept.write(text), kept.flush()))
         copier = threading.Thread(target=copy, name="psrt-stderr", daemon=True)
         copier.start()
     try:
-        return _supervise(proc, copier)
+        return _supervise(proc, copier, ending)
     finally:
         if log is not None and os.path.exists(log) and os.path.getsize(log) == 0:
             os.unlink(log)
 
 
-def _supervise(proc, copier) -> int:
-    """Wait for the launcher `proc`, passing FORWARDED signals on (see run_job)."""
+def _supervise(proc, copier, ending: Ending) -> int:
+    """Wait for the launcher `proc`, passing FORWARDED signals on (see run_job); end what is
+    left of a job that aborted but does not exit (Ending)."""
     caught: list[int] = []
     job: set[int] = set()
     deadline = [0.0]
@@ -203,6 +236,13 @@ def _supervise(proc, copier) -> int:
             except subprocess.TimeoutExpired:
                 if caught and time.monotonic() > deadline[0]:
                     _kill(job | descendants(os.getpid()) | {proc.pid})
+                elif not caught and ending.overdue():
+                    _kill(descendants(os.getpid()) | {proc.pid})
+                    proc.wait()
+                    _reap(descendants(os.getpid()))
+                    if copier is not None:
+                        copier.join(timeout=5)
+                    return ending.code
         if caught:
             # The launcher is gone; its ranks may not be (a rank that ignores SIGTERM, or one
             # the launcher lost): what is left of the job gets SIGKILL after the grace.

@@ -37,6 +37,13 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
 def _one_of(*choices: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in choices:
@@ -91,6 +98,16 @@ VARIABLES = {v.name: v for v in (
              "set by `mpi_launch` and `python -m psrt.cluster run` for their ranks: the file "
              "keeping the MPI library's abort notices they leave out of stderr, named in the "
              "one-line error of a rank's uncaught exception"),
+    Variable("PSRT_RESTARTS", _count, "0 or more", 0,
+             "set by `mpi_launch --restarts N` for its ranks: N, the restarts allowed (`psrt.train` "
+             "then writes a checkpoint every few steps unless told `--checkpoint-every`)"),
+    Variable("PSRT_RESTART_COUNT", _count, "0 or more", 0,
+             "set by `mpi_launch --restarts` for its ranks: which restart this is (0: the first "
+             "start; like torchrun's `TORCHELASTIC_RESTART_COUNT`); from 1 on `psrt.train` "
+             "continues from its `--checkpoint`"),
+    Variable("PSRT_FAILED_AT", float, "seconds since the epoch", None,
+             "set by `mpi_launch --restarts` on a restart: when the failure was seen, for the "
+             "time a recovery took"),
 )}
 
 
@@ -161,6 +178,11 @@ def traceback() -> bool:
 
 def mpi_log() -> str | None:
     return get("PSRT_MPI_LOG")
+
+
+def restarts() -> tuple[int, int, float | None]:
+    """(restarts allowed, this restart's number, when the failure was seen) from mpi_launch."""
+    return get("PSRT_RESTARTS"), get("PSRT_RESTART_COUNT"), get("PSRT_FAILED_AT")
 
 
 def markdown_table() -> str:

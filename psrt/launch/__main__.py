@@ -17,6 +17,7 @@ from psrt.launch import cluster
 from psrt.launch.hostfile import parse_hostfile, parse_hosts
 from psrt.launch.mpi import find_mpirun, mpi_flavour, resolve_program, run_job
 from psrt.launch.plan import FLAVOURS, ROOT, Request, plan_mpirun, plan_srun
+from psrt.launch.restart import Policy, answers, run_restarting, ssh_for
 
 DEFAULT_HOSTFILE = ROOT / "hostfiles" / "localhost"
 
@@ -54,6 +55,11 @@ def _parser() -> ArgumentParser:
     p.add_argument("--delay", help="emulated links: one-way delay, tc syntax (e.g. 1ms)")
     p.add_argument("--subnet", help="emulated hosts' subnet inside 198.18.0.0/15 "
                                     "(default 198.18.0.0/24)")
+    p.add_argument("--restarts", type=int, default=0, metavar="N",
+                   help="after a failure start the job again, up to N times, on the hosts that "
+                        "still answer (psrt.train continues from its last checkpoint)")
+    p.add_argument("--min-np", type=int, default=1, metavar="M",
+                   help="with --restarts: stop instead when fewer than M ranks are left")
     p.add_argument("--dry-run", action="store_true",
                    help="print the exact command and run nothing")
     p.add_argument("command", nargs=argparse.REMAINDER, help="program and its arguments")
@@ -73,6 +79,9 @@ def _request(args, cores: int) -> Request:
         hosts = parse_hostfile(hostfile)
     if args.threads is not None and args.threads < 1:
         raise PsrtError(f"--threads {args.threads}: needs at least one thread")
+    if args.restarts < 0 or args.min_np < 1:
+        raise PsrtError(f"--restarts {args.restarts} --min-np {args.min_np}: restarts are 0 or "
+                        "more, and at least one rank is needed")
     return Request(command=tuple(command), hosts=hosts, hostfile=hostfile, np=args.np,
                    bind=args.bind, oversubscribe=args.oversubscribe, threads=args.threads,
                    exports=tuple(args.export), extra=tuple(shlex.split(args.extra_args)),
@@ -116,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         if os.path.isabs(mpirun):   # Open MPI will change the ranks' PATH: pin the program
             req = dataclasses.replace(req, command=resolve_program(req.command))
     if args.emulate:
-        return cluster.launch(req, flavour, mpirun, env, cores, args, dry_run=args.dry_run)
+        return cluster.launch(req, flavour, mpirun, env, cores, args, dry_run=args.dry_run,
+                              restarting=lambda r, start, probe: restarting(r, start, cores, args, env, probe))
     if args.rate or args.delay or args.subnet:
         raise PsrtError("--rate, --delay and --subnet shape the emulated cluster: add --emulate")
     plan = plan_mpirun(req, flavour, mpirun, env, cores, dry_run=args.dry_run)
@@ -124,7 +134,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print(plan.shell())
         return 0
-    return run_job(plan.argv, {**env, **plan.env}, quiet_exit=flavour.startswith("openmpi"))
+
+    def start(request, extra):
+        # planned again with the restart's variables, which the ranks of every host must see
+        job_env = {**env, **extra}
+        p = plan_mpirun(request, flavour, mpirun, job_env, cores) if extra else plan
+        return run_job(p.argv, {**job_env, **p.env}, quiet_exit=flavour.startswith("openmpi"))
+    return restarting(req, start, cores, args, env)
+
+
+def restarting(req, start, cores: int, args, env, probe=None) -> int:
+    """`start` the job, and again on the survivors after a failure, as --restarts says."""
+    if probe is None:
+        ssh = ssh_for(env)
+        probe = lambda host: answers(host, ssh=ssh)   # noqa: E731
+    return run_restarting(req, start, cores, Policy(args.restarts, args.min_np), probe=probe,
+                          say=lambda line: _say([line]))
 
 
 if __name__ == "__main__":

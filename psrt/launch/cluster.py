@@ -39,6 +39,7 @@ from psrt import env as psrt_env
 from psrt.errors import ArgumentParser, PsrtError, cli_main
 from psrt.launch import slurm
 from psrt.launch.hostfile import is_local, parse_hostfile, parse_hosts
+from psrt.launch.restart import answers
 from psrt.launch.mpi import find_mpirun, mpi_flavour, run_job
 from psrt.launch.plan import ROOT, plan_mpirun
 
@@ -361,6 +362,28 @@ def _stop_processes(namespaces) -> None:
         pids = {p for p in alive if _alive(p)}
 
 
+def fail(host: str) -> None:
+    """Emulate a lost host: every process on `host` is killed (SIGKILL, as a crash gives no
+    warning) and its link goes down, so the other hosts and the launch agent no longer reach it."""
+    out = _run(["ip", "netns", "pids", host], f"listing the processes of {host}")
+    _kill_all(int(p) for p in out.stdout.split() if p.isdigit())
+    _run(["ip", "-n", host, "link", "set", IFACE, "down"], f"taking {host}'s link down")
+
+
+def revive(host: str) -> None:
+    """A failed host answers again: its link comes back up (it runs nothing until a job starts)."""
+    _run(["ip", "-n", host, "link", "set", IFACE, "up"], f"bringing {host}'s link up")
+
+
+def _kill_all(pids) -> None:
+    for pid in pids:
+        if pid != os.getpid():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -475,22 +498,37 @@ def job_env(cluster: Cluster, flavour: str, env) -> dict:
 
 # --- entry points -----------------------------------------------------------------------------
 
-def launch(req, flavour: str, mpirun: str, env, cores: int, args, dry_run: bool = False) -> int:
-    """`mpi_launch --emulate`: run the planned mpirun on the first host of a fresh cluster."""
+def launch(req, flavour: str, mpirun: str, env, cores: int, args, dry_run: bool = False,
+           restarting=None) -> int:
+    """`mpi_launch --emulate`: run the planned mpirun on the first host of a fresh cluster.
+
+    `restarting(req, start, probe)`, when given, runs `start` and starts it again after a
+    failure (psrt.launch.restart); `probe` asks a host the way the cluster's MPI reaches it."""
     cluster = Cluster(tuple(h.name for h in req.hosts), args.subnet or DEFAULT_SUBNET,
                       args.rate, args.delay)
-    plan = plan_mpirun(req, flavour, mpirun, env, cores, emulation=mpi_flags(cluster, flavour),
-                       dry_run=dry_run)
-    argv = exec_argv(cluster.hosts[0], plan.argv)
+
+    def planned(request, job_env):
+        return plan_mpirun(request, flavour, mpirun, job_env, cores,
+                           emulation=mpi_flags(cluster, flavour), dry_run=dry_run)
+    plan = planned(req, env)
     for note in plan.notes:
         print(f"mpi_launch: {note}", file=sys.stderr, flush=True)
     if dry_run:
         for line in cluster.describe():
             print(f"# {line}")
-        print(shlex.join(argv))
+        print(shlex.join(exec_argv(cluster.hosts[0], plan.argv)))
         return 0
+
+    def start(request, extra):
+        job_env = {**env, **extra}
+        p = planned(request, job_env) if extra else plan
+        # mpirun runs on the first host of this attempt (a lost first host is left out)
+        return run_job(exec_argv(request.hosts[0].name, p.argv), {**job_env, **p.env},
+                       quiet_exit=flavour.startswith("openmpi"))
     with running(cluster):
-        return run_job(argv, {**env, **plan.env}, quiet_exit=flavour.startswith("openmpi"))
+        if restarting is None:
+            return start(req, {})
+        return restarting(req, start, probe=lambda host: answers(host, ssh=str(SSH_DIR / "ssh")))
 
 
 def _cluster_from(args) -> Cluster:
@@ -531,6 +569,9 @@ def _parser() -> ArgumentParser:
     shape_opts(dn, hosts_required=False)
     dn.add_argument("--force", action="store_true", help="also those a running job owns")
     sub.add_parser("status", help="list the clusters that are up")
+    for action, what in (("fail", "emulate a lost host: kill everything on it and take its link down"),
+                         ("revive", "bring a failed host's link back up")):
+        sub.add_parser(action, help=what).add_argument("host")
     return p
 
 
@@ -573,6 +614,13 @@ def main(argv: list[str] | None = None) -> int:
         launcher = slurm.srun_hint(cluster) if cluster.slurm else "mpirun"
         print(f"run: python -m psrt.cluster exec {cluster.hosts[0]} -- {launcher} ...; "
               "remove: python -m psrt.cluster down")
+        return 0
+    if args.action in ("fail", "revive"):
+        if not any(args.host in c.hosts for c, _ in recorded()):
+            raise PsrtError(f"no emulated cluster is up with a host {args.host!r} "
+                            "(python -m psrt.cluster status)")
+        (fail if args.action == "fail" else revive)(args.host)
+        print(f"{args.host}: {'lost (processes killed, link down)' if args.action == 'fail' else 'link up'}")
         return 0
     if args.action == "exec":
         cmd = _command(args)

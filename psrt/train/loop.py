@@ -24,6 +24,7 @@ from psrt.dp.driver import AXIS_BYTES, Totals
 from psrt.errors import PsrtError, make_options
 from psrt.grid import Grid
 from psrt.train import checkpoint, imported, layout, prediction, report
+from psrt.train.recovery import Recovery
 from psrt.train.config import STRATEGY_FLAGS, TrainConfig, flag
 from psrt.train.data import ShardedSampler
 from psrt.dp.device import pick as pick_device
@@ -150,14 +151,17 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
     total = cfg.steps or cfg.epochs * sampler.steps_per_epoch
     config = dict(cfg.as_dict(), dp=dp)
     ckpt_path = cfg.path_for(cfg.checkpoint, dp)
-    start = checkpoint.load(ckpt_path, ctl, run.state, config) if cfg.resume else 0
+    recovery = Recovery(ckpt_path, cfg.checkpoint_every, total, is_lead)
+    resume = recovery.resume(cfg.resume, ctl)
+    start = checkpoint.load(ckpt_path, ctl, run.state, config) if resume else 0
+    recovery.started(start, dp)
     if cfg.resume and is_lead and not cfg.quiet:
         print(f"psrt.train: resuming {dp} from {ckpt_path} at step {start}", file=sys.stderr, flush=True)
 
-    metrics = report.Metrics(cfg.path_for(cfg.metrics, dp) if is_lead else None, append=cfg.resume)
+    metrics = report.Metrics(cfg.path_for(cfg.metrics, dp) if is_lead else None, append=resume)
     progress = report.Progress(total, run.label(dp), enabled=is_lead and not cfg.quiet, first=start)
     x_all, y_all = dataset.train_x, dataset.train_y
-    every = cfg.checkpoint_every
+    every = recovery.every
     saves = [k for k in range(start + 1, total) if every and k % every == 0]  # after step k
     totals = Totals()
     routing = RoutingTotals()
@@ -172,6 +176,7 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
             routed = routing.add(cfg, stats.extra["moe"]) if "moe" in stats.extra else {}
             if dog is not None:
                 dog.step(step + 1)
+            recovered = recovery.step_done(step + 1)
             if is_lead:
                 epoch, _ = sampler.position(step)
                 metrics.write({"dp": dp, "step": step + 1, "epoch": epoch, "loss": report.finite(stats.loss),
@@ -179,7 +184,7 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
                                "compute_s": stats.compute_s, "comm_s": stats.comm_s,
                                "bytes_sent": stats.bytes_sent, "time_s": time.perf_counter() - t0,
                                **{k: stats.extra[k] for k in AXIS_BYTES + ("bubble",) if k in stats.extra},
-                               **({"loss_scale": scaler.scale} if scaler else {})})
+                               **({"loss_scale": scaler.scale} if scaler else {}), **recovered})
                 note = f" dropped {routed['dropped']}" if routed else ""
                 progress.update(step + 1, f"loss {stats.loss:.4f}{note}")
             if step + 1 in saves:

@@ -137,8 +137,10 @@ def test_commands_on_the_cluster_find_the_agent_as_ssh():
 
 def test_the_agent_takes_ssh_options_and_their_values_before_the_host(tmp_path):
     """As horovodrun calls ssh: `-o KEY=VALUE` and `-p PORT`, before the host and after it, are
-    skipped with their values (a stand-in `ip` prints what the agent would run)."""
-    (tmp_path / "ip").write_text('#!/bin/sh\necho "$@"\n')
+    skipped with their values (a stand-in `ip` prints what the agent would run, and says the
+    host's link is up when asked)."""
+    (tmp_path / "ip").write_text('#!/bin/sh\n[ "$1" = -n ] && { echo "2: eth0@if3: <BROADCAST,UP,LOWER_UP> mtu 1500"; exit; }\n'
+                                 'echo "$@"\n')
     (tmp_path / "ip").chmod(0o755)
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
     out = subprocess.run([str(C.SSH_DIR / "ssh"), "-o", "PasswordAuthentication=no", "-o",
@@ -149,3 +151,8 @@ def test_the_agent_takes_ssh_options_and_their_values_before_the_host(tmp_path):
     assert plain.stdout.split()[:3] == ["netns", "exec", "node1"] and plain.stdout.split()[-1] == "true"
     bad = subprocess.run([str(C.AGENT), "-o", "X=1", "node1"], env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "usage: netns_agent" in bad.stderr
+    # a host whose link is down (python -m psrt.cluster fail) answers as a lost machine would
+    (tmp_path / "ip").write_text('#!/bin/sh\n[ "$1" = -n ] && { echo "2: eth0@if3: <BROADCAST,MULTICAST> mtu 1500 state DOWN"; exit; }\n'
+                                 'echo "$@"\n')
+    lost = subprocess.run([str(C.AGENT), "node1", "true"], env=env, capture_output=True, text=True)
+    assert lost.returncode == 255 and "No route to host" in lost.stderr and not lost.stdout

@@ -1,0 +1,122 @@
+"""Restart on the survivors: relaunch a failed job on the hosts that still answer.
+
+`mpi_launch --restarts N` runs the job; when it fails it asks every host of the hostfile
+whether it answers (the way MPI reaches it: ssh, or the emulated cluster's agent), and starts
+the same command again on those that do, with as many ranks as they have slots (never more
+than asked for), at most N times.  The ranks learn of it from the environment
+(PSRT_RESTART_COUNT, like torchrun's TORCHELASTIC_RESTART_COUNT; PSRT_FAILED_AT, the time the
+failure was seen), and `python -m psrt.train` then continues from its last complete
+checkpoint: the data-parallel strategies compute the same training at any number of workers
+for a fixed global batch, and sharded state reshards on load (see docs/fault_tolerance.md).
+
+A host that answers again (or a new one named in the hostfile) is back in at the next restart.
+What is not worth another try ends the run: a usage error (exit 2: the same flags would fail
+again), the user's own Ctrl-C or SIGTERM, too few ranks left (--min-np), or the launcher's own
+host gone.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+from psrt.errors import PsrtError
+from psrt.launch.hostfile import Host, is_local, slots_of
+
+PROBE_TIMEOUT_S = 10.0
+USAGE_ERROR = 2                 # PsrtError.exit_code: the same command fails the same way
+STOPPED_BY_USER = {128 + s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+
+def answers(host: str, timeout: float = PROBE_TIMEOUT_S, ssh: str = "ssh") -> bool:
+    """Whether `host` can start a process now: `ssh HOST true` (batch mode, no password
+    prompt), which is how Open MPI and MPICH start their daemons there.  This machine always
+    answers."""
+    if is_local(host):
+        return True
+    argv = [ssh, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, int(timeout))}", host, "true"]
+    try:
+        return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=timeout).returncode == 0
+    except (subprocess.TimeoutExpired, OSError):
+        return False
+
+
+def survivors(hosts: tuple[Host, ...], probe: Callable[[str], bool] = answers) -> tuple[Host, ...]:
+    """The hosts that answer, in hostfile order (asked at once: a dead host costs one timeout)."""
+    with ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts)))) as pool:
+        alive = list(pool.map(probe, [h.name for h in hosts]))
+    return tuple(h for h, ok in zip(hosts, alive) if ok)
+
+
+@dataclass(frozen=True)
+class Policy:
+    restarts: int = 0           # how many times a failed job is started again
+    min_np: int = 1             # fewer ranks than this left: stop instead
+
+
+def worth_retrying(code: int) -> str | None:
+    """Why a job that ended with `code` is not started again (None: it is)."""
+    if code == 0:
+        return "it succeeded"
+    if code == USAGE_ERROR:
+        return "exit 2 is a usage error, which a restart would repeat"
+    if code in STOPPED_BY_USER:
+        return f"stopped by a signal to the launcher (exit {code})"
+    return None
+
+
+def next_request(original, cores: int, policy: Policy, probe=answers, say=print):
+    """The request for the next attempt: the hosts of `original` that answer, with
+    min(asked, their slots) ranks; PsrtError when that is under policy.min_np."""
+    alive = survivors(original.hosts, probe)
+    lost = [h.name for h in original.hosts if h not in alive]
+    if not alive:
+        raise PsrtError("no host of the job answers: nothing to restart on")
+    slots = sum(slots_of(h, cores) for h in alive)
+    np_ = slots if original.np is None else min(original.np, slots)
+    if np_ < policy.min_np:
+        raise PsrtError(f"{np_} rank(s) left on {', '.join(h.name for h in alive)} "
+                        f"({', '.join(lost) or 'no host'} lost), under --min-np {policy.min_np}")
+    if lost:
+        say(f"not answering: {', '.join(lost)}")
+    # A hostfile passed on as it is would name the lost hosts too: the survivors go as a list.
+    return dataclasses.replace(original, hosts=alive, hostfile=None if lost else original.hostfile, np=np_)
+
+
+def run_restarting(req, start: Callable, cores: int, policy: Policy, probe=answers, say=print) -> int:
+    """Run `start(req, env_extra) -> exit code`, and after each failure `next_request` and
+    `start` again, at most policy.restarts times.  Returns the last exit code."""
+    told = {"PSRT_RESTARTS": str(policy.restarts)} if policy.restarts else {}
+    code = start(req, told)
+    for attempt in range(1, policy.restarts + 1):
+        why_not = worth_retrying(code)
+        if why_not:
+            if code != 0:
+                say(f"not restarting: {why_not}")
+            return code
+        failed_at = time.time()
+        say(f"the job failed (exit {code}); restart {attempt} of {policy.restarts}: asking the hosts")
+        try:
+            again = next_request(req, cores, policy, probe, say)
+        except PsrtError as err:
+            say(f"not restarting: {err}")
+            return code
+        say(f"restart {attempt}: {again.np} rank(s) on "
+            f"{', '.join(h.name for h in again.hosts)}, from the last checkpoint")
+        code = start(again, {**told, "PSRT_RESTART_COUNT": str(attempt), "PSRT_FAILED_AT": f"{failed_at:.3f}"})
+    if code != 0 and policy.restarts:
+        say(f"giving up after {policy.restarts} restart(s) (exit {code})")
+    return code
+
+
+def ssh_for(env) -> str:
+    """The ssh a probe uses: the first `ssh` on the job's PATH (the emulated cluster puts its
+    agent there)."""
+    return shutil.which("ssh", path=env.get("PATH", os.defpath)) or "ssh"

@@ -1,0 +1,76 @@
+"""Training that carries on after `mpi_launch --restarts` started it again on the survivors.
+
+The launcher says so in the environment (psrt.env.restarts()).  On a restart the run
+continues from its last complete --checkpoint; the global batch and the data order depend on
+the step alone (data.ShardedSampler), and every strategy's state reshards to the new number
+of workers on load, so the run computes the same training as one that never failed.
+
+With restarts allowed and no --checkpoint-every, a checkpoint is written every twentieth of
+the run (at most 5% of it is computed twice after a failure).  The lead worker notes each
+finished step next to the checkpoint (FILE.step, a few bytes, not synced: it only tells how
+many steps a failure cost), and on the first step after a restart prints what the recovery
+cost: the steps done again and the time from the failure to that step.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from psrt import env
+
+SHARE = 20      # checkpoints per run when restarts are allowed and no --checkpoint-every is given
+
+
+class Recovery:
+    """What a run does about restarts: when to checkpoint, whether to resume, what to say."""
+
+    def __init__(self, checkpoint: str | None, every: int, total: int, lead: bool, quiet: bool = False):
+        self.allowed, self.count, self.failed_at = env.restarts()
+        self.path = checkpoint
+        self.every = every or (max(1, total // SHARE) if self.allowed and checkpoint else 0)
+        self.lead, self.quiet = lead, quiet
+        self.reached: int | None = None   # the last step finished before the failure
+        self._pending = False
+
+    def resume(self, asked: bool, ctl) -> bool:
+        """--resume, or a restart with a checkpoint there (rank 0 writes it: it decides)."""
+        if asked or not self.count or not self.path:
+            return asked
+        found = ctl.bcast(os.path.exists(self.path) if ctl.rank == 0 else None, root=0)
+        if self.lead or ctl.rank == 0:
+            try:
+                with open(self.path + ".step") as f:
+                    self.reached = int(f.read().strip() or 0)
+            except (OSError, ValueError):
+                self.reached = None
+        return bool(found)
+
+    def started(self, start: int, label: str) -> None:
+        """Say where a restart continues from (the lead worker; even with --quiet)."""
+        if not self.count:
+            return
+        self._pending = True
+        if self.lead:
+            lost = f"; steps {start + 1}-{self.reached} are done again" if self.reached and self.reached > start else ""
+            print(f"psrt.train: restart {self.count}: {label} continues from step {start}{lost}",
+                  file=sys.stderr, flush=True)
+
+    def step_done(self, step: int) -> dict:
+        """After each finished step: note it, and on the first one after a restart say how long
+        the recovery took.  Returns what the metrics row adds."""
+        if self.lead and self.allowed and self.path:
+            with open(self.path + ".step", "w") as f:
+                f.write(str(step))
+        if not self._pending:
+            return {}
+        self._pending = False
+        extra = {"restart": self.count, "unix_time": round(time.time(), 3)}
+        if self.failed_at is not None:
+            extra["recovery_s"] = round(time.time() - self.failed_at, 3)
+            if self.lead:
+                print(f"psrt.train: restart {self.count}: step {step} done {extra['recovery_s']:.1f} s "
+                      "after the failure was seen", file=sys.stderr, flush=True)
+        if self.reached is not None:
+            extra["steps_lost"] = max(0, self.reached - (step - 1))
+        return extra

@@ -1,0 +1,136 @@
+"""Restarts on the survivors (psrt.launch.restart) and what they rely on, without MPI:
+which failures are retried, on which hosts and with how many ranks, what the ranks are told;
+the launcher ending a job whose mpirun hangs after an abort; checkpoints killed mid-write."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from psrt.launch import mpi
+from psrt.launch.hostfile import parse_hosts
+from psrt.launch.plan import Request
+from psrt.launch.restart import Policy, next_request, run_restarting, worth_retrying
+from psrt.train import checkpoint
+from psrt.train.recovery import Recovery
+
+HOSTS = parse_hosts("node0:4,node1:4")
+
+
+def _req(np_=8, hosts=HOSTS, hostfile="hostfiles/two_nodes"):
+    return Request(command=("python", "-m", "psrt.train"), hosts=hosts, hostfile=hostfile, np=np_)
+
+
+def test_what_is_retried():
+    assert worth_retrying(0) and worth_retrying(2) and worth_retrying(130) and worth_retrying(143)
+    assert worth_retrying(1) is None and worth_retrying(3) is None and worth_retrying(137) is None
+
+
+def test_survivors_get_the_job_with_their_slots_and_the_hostfile_is_not_passed_on():
+    req = next_request(_req(), cores=2, policy=Policy(1), probe=lambda h: h != "node1", say=lambda s: None)
+    assert [h.name for h in req.hosts] == ["node0"] and req.np == 4 and req.hostfile is None
+    same = next_request(_req(), cores=2, policy=Policy(1), probe=lambda h: True, say=lambda s: None)
+    assert same.np == 8 and same.hostfile == "hostfiles/two_nodes"     # a crash, no host lost
+
+
+def test_too_few_ranks_left_is_one_line():
+    from psrt.errors import PsrtError
+    with pytest.raises(PsrtError, match=r"4 rank\(s\) left on node0 \(node1 lost\), under --min-np 8"):
+        next_request(_req(), cores=2, policy=Policy(1, min_np=8), probe=lambda h: h == "node0",
+                     say=lambda s: None)
+    with pytest.raises(PsrtError, match="no host of the job answers"):
+        next_request(_req(), cores=2, policy=Policy(1), probe=lambda h: False, say=lambda s: None)
+
+
+def test_restart_loop_tells_the_ranks_and_a_returning_host_is_back_in():
+    starts, said = [], []
+    codes = iter([3, 137, 0])
+    alive = iter([{"node0"}, {"node0", "node1"}])      # node1 lost, then back for the 2nd restart
+    answering = {"now": {"node0", "node1"}}
+
+    def probe(host):
+        return host in answering["now"]
+
+    def start(req, extra):
+        starts.append((req.np, [h.name for h in req.hosts], dict(extra)))
+        code = next(codes)
+        if code:
+            answering["now"] = next(alive)
+        return code
+    code = run_restarting(_req(), start, cores=2, policy=Policy(2), probe=probe, say=said.append)
+    assert code == 0
+    assert [s[:2] for s in starts] == [(8, ["node0", "node1"]), (4, ["node0"]), (8, ["node0", "node1"])]
+    assert starts[0][2] == {"PSRT_RESTARTS": "2"}
+    assert starts[1][2]["PSRT_RESTART_COUNT"] == "1" and starts[2][2]["PSRT_RESTART_COUNT"] == "2"
+    assert float(starts[1][2]["PSRT_FAILED_AT"]) <= time.time()
+    assert any("not answering: node1" in s for s in said)
+
+
+def test_usage_errors_and_exhausted_restarts_stop():
+    said = []
+    assert run_restarting(_req(), lambda r, e: 2, 2, Policy(3), probe=lambda h: True, say=said.append) == 2
+    assert said == ["not restarting: exit 2 is a usage error, which a restart would repeat"]
+    calls = []
+    code = run_restarting(_req(), lambda r, e: calls.append(1) or 1, 2, Policy(2), probe=lambda h: True,
+                          say=said.append)
+    assert code == 1 and len(calls) == 3 and said[-1] == "giving up after 2 restart(s) (exit 1)"
+
+
+def test_recovery_checkpoints_often_and_resumes_only_on_a_restart(monkeypatch, tmp_path):
+    monkeypatch.setenv("PSRT_RESTARTS", "1")
+    assert Recovery(str(tmp_path / "c"), 0, total=100, lead=True).every == 5
+    assert Recovery(str(tmp_path / "c"), 7, total=100, lead=True).every == 7     # --checkpoint-every kept
+    assert Recovery(None, 0, total=100, lead=True).every == 0
+    monkeypatch.delenv("PSRT_RESTARTS")
+    assert Recovery(str(tmp_path / "c"), 0, total=100, lead=True).every == 0
+
+
+def test_a_hung_abort_is_ended_with_its_code(tmp_path, monkeypatch):
+    """mpirun stuck in 'abort is already in progress' (a host it would tell is gone): the
+    launcher kills what is left ABORT_GRACE_S after the notice and returns the abort's code."""
+    monkeypatch.setattr(mpi, "ABORT_GRACE_S", 0.5)
+    script = ("import sys, time; sys.stderr.write('psrt: watchdog: rank(s) 2 silent for 5 s, lost\\n'); "
+              "sys.stderr.flush(); time.sleep(60)")
+    t0 = time.monotonic()
+    code = mpi.run_job([sys.executable, "-c", script], dict(os.environ), quiet_exit=True)
+    assert code == 3 and time.monotonic() - t0 < 20
+
+
+def _write_forever(path: str, base: int) -> None:
+    k = base
+    while True:
+        k += 1
+        checkpoint.atomic_save({"step": k, "w": torch.full((1 << 18,), float(k))}, path)
+
+
+def test_a_kill_at_a_random_moment_of_a_write_leaves_a_whole_checkpoint(tmp_path):
+    """20 writers, each killed (SIGKILL) at a random moment: the checkpoint file is always one
+    whole write, never a torn or mixed one."""
+    path = str(tmp_path / "ckpt.pt")
+    rng = random.Random(7)
+    checkpoint.atomic_save({"step": 0, "w": torch.zeros(1 << 18)}, path)
+    seen = set()
+    # Writers come from a fork server that has run no torch operation (a process forked after
+    # torch's thread pool started can hang), so each starts in milliseconds.
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "psrt.train.checkpoint"])
+    for trial in range(20):
+        writer = ctx.Process(target=_write_forever, args=(path, 1000 * trial), daemon=True)
+        writer.start()
+        deadline = time.monotonic() + 60
+        while torch.load(path, weights_only=True)["step"] <= 1000 * trial and time.monotonic() < deadline:
+            time.sleep(0.005)                          # until this writer is under way
+        time.sleep(rng.uniform(0.0, 0.05))
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.join()
+        state = torch.load(path, weights_only=True)
+        assert torch.equal(state["w"], torch.full((1 << 18,), float(state["step"])))
+        seen.add(state["step"])
+    assert len(seen) == 20      # each writer was killed after whole writes of its own

@@ -17,7 +17,10 @@ import numpy as np
 import torch
 
 from psrt import env
-from psrt.collectives import alltoall, native, ps, recursive, ring, small, torch_backend, tree
+from psrt.collectives import native, small
+from psrt.collectives.implementations import (ALLGATHER as _ALLGATHER, ALLREDUCE as _ALLREDUCE,
+    ALLTOALLV as _ALLTOALLV, BROADCAST as _BROADCAST, REDUCE as _REDUCE, REDUCE_SCATTER as _REDUCE_SCATTER,
+    READS_SOURCE as _READS_SOURCE)
 from psrt.collectives.agreement import Agreement
 from psrt.collectives.executor import Executor, Handle
 from psrt.collectives.ready import ReadyCache
@@ -28,33 +31,8 @@ from psrt.errors import CollectiveMismatch, PsrtError
 from psrt.trace import OFF, Tracer
 from psrt.transport import Staging, check_dtype, check_op, np_view
 
-# collective -> algorithm -> implementation (comm, buf, ...) in place on a flat buffer.
-_ALLREDUCE = {
-    "ring": lambda c, b, op, src=None: ring.allreduce(c, b, op, even_counts(b.numel(), c.size), src=src),
-    "doubling": recursive.allreduce_doubling,
-    "halving-doubling": recursive.allreduce_halving_doubling,
-    "tree": tree.allreduce,
-    "ps": ps.allreduce,
-    "native": native.allreduce,
-    "torch": torch_backend.allreduce,
-}
-_REDUCE_SCATTER = {"ring": ring.reduce_scatter, "ps": ps.reduce_scatter,
-                   "native": native.reduce_scatter, "torch": torch_backend.reduce_scatter}
-_ALLGATHER = {"ring": ring.allgather, "ps": ps.allgather, "native": native.allgather,
-              "torch": torch_backend.allgather}
-_BROADCAST = {"tree": tree.broadcast, "ps": ps.broadcast, "native": native.broadcast,
-              "torch": torch_backend.broadcast}
-_REDUCE = {"tree": tree.reduce, "ps": ps.reduce, "native": native.reduce,
-           "torch": torch_backend.reduce}
-
-# allreduce algorithms that can read their input from a separate source tensor
-_READS_SOURCE = frozenset({"ring"})
 # dtypes the MPI library reduces itself (no user-defined op), eligible for the lean path
 _MPI_TYPED = frozenset({torch.float32, torch.float64, torch.int32, torch.int64, torch.uint8, torch.int8})
-
-_ALLTOALLV = {"pairwise": alltoall.pairwise, "native": native.alltoallv}
-_IMPLEMENTATIONS = {"allreduce": _ALLREDUCE, "reduce_scatter": _REDUCE_SCATTER, "allgather": _ALLGATHER,
-                    "broadcast": _BROADCAST, "reduce": _REDUCE, "alltoallv": _ALLTOALLV}
 
 
 class Communicator:

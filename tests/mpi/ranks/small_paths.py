@@ -17,7 +17,7 @@ import torch
 
 import psrt
 from psrt.collectives import small
-from psrt.collectives.communicator import _ALLREDUCE
+from psrt.collectives.implementations import ALLREDUCE as _ALLREDUCE
 from psrt.transport import np_view
 
 world = psrt.init()

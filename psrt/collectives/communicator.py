@@ -19,14 +19,15 @@ from psrt.collectives import native, paths
 from psrt.collectives.implementations import (ALLGATHER as _ALLGATHER, ALLTOALLV as _ALLTOALLV,
                                                BROADCAST as _BROADCAST, REDUCE as _REDUCE,
                                                REDUCE_SCATTER as _REDUCE_SCATTER)
-from psrt.collectives.agreement import Agreement
+from psrt.collectives.agreement import Agreement, agree_pairs, agree_shapes
+from psrt.collectives.checks import check_out, check_root, row_counts
 from psrt.collectives.executor import Executor, Handle
 from psrt.collectives.paths import Call
 from psrt.collectives.ready import ReadyCache
 from psrt.collectives.algorithms import ALGORITHMS, ALL_ALGORITHMS
-from psrt.collectives.layout import even_counts, offsets, require_mpi_comm
+from psrt.collectives.layout import offsets, require_mpi_comm
 from psrt.collectives.tuning import Tuning
-from psrt.errors import CollectiveMismatch, PsrtError
+from psrt.errors import PsrtError
 from psrt.trace import OFF, Tracer
 from psrt.transport import Staging, check_dtype, check_op
 
@@ -205,32 +206,6 @@ class Communicator:
              agreed=None, new: bool = True):
         return self._book(name, fn, (), async_op, algo, nbytes, agreed, new=new)
 
-    @staticmethod
-    def _check_out(out: torch.Tensor | None, shape, dtype, what: str) -> None:
-        if out is not None and (tuple(out.shape) != tuple(shape) or out.dtype != dtype):
-            raise PsrtError(f"{what}: out has shape {tuple(out.shape)} and dtype {out.dtype}, "
-                            f"expected {tuple(shape)} and {dtype}")
-
-    def _rows(self, t: torch.Tensor, counts, what: str) -> list[int]:
-        rows = t.shape[0] if t.dim() else 1
-        counts = list(counts) if counts is not None else even_counts(rows, self.size)
-        if len(counts) != self.size or sum(counts) != rows or min(counts) < 0:
-            raise PsrtError(f"{what}: counts {counts} must be {self.size} non-negative numbers "
-                            f"adding up to dim 0 of the input ({rows})")
-        return counts
-
-    def _shapes(self, t: torch.Tensor, what: str) -> list[tuple]:
-        """Every rank's (shape, dtype), checking that all but dim 0 agree."""
-        mine = (tuple(t.shape), str(t.dtype))
-        shapes = self._meta.allgather(mine)
-        ref_tail, ref_dtype = shapes[0][0][1:], shapes[0][1]
-        bad = [r for r, (s, d) in enumerate(shapes) if s[1:] != ref_tail or d != ref_dtype or not s]
-        if bad:
-            listing = ", ".join(f"rank {r}: {s} {d}" for r, (s, d) in enumerate(shapes))
-            raise CollectiveMismatch(f"{what}: ranks {bad} disagree with rank 0 on trailing shape or "
-                                     f"dtype ({listing})")
-        return [s for s, _ in shapes]
-
     # ------------------------------------------------------------ reductions
     def allreduce(self, t: torch.Tensor, op: str = "sum", out: torch.Tensor | None = None,
                   algorithm: str | None = None, async_op: bool = False):
@@ -245,7 +220,7 @@ class Communicator:
                               ready.agreed, "ready")
         check_dtype(t)
         check_op(op, t.dtype)
-        self._check_out(out, t.shape, t.dtype, "allreduce")
+        check_out(out, t.shape, t.dtype, "allreduce")
         c = Call(t, out, op, algorithm, async_op)
         c.nbytes = t.numel() * t.element_size()
         c.algo = self._pick("allreduce", algorithm, c.nbytes)
@@ -262,11 +237,11 @@ class Communicator:
         """
         check_dtype(t)
         check_op(op, t.dtype)
-        counts = self._rows(t, counts, "reduce_scatter")
+        counts = row_counts(t, counts, self.size, "reduce_scatter")
         row = math.prod(t.shape[1:]) if t.dim() > 1 else 1
         elems = [c * row for c in counts]
         shape = (counts[self.rank],) + tuple(t.shape[1:])
-        self._check_out(out, shape, t.dtype, "reduce_scatter")
+        check_out(out, shape, t.dtype, "reduce_scatter")
         algo = self._pick("reduce_scatter", algorithm, t.numel() * t.element_size())
         agreed = self._verify("reduce_scatter", op=op, dtype=t.dtype, shape=tuple(t.shape), counts=tuple(counts),
                      algorithm=algo)
@@ -288,8 +263,8 @@ class Communicator:
         """Reduce t onto `root`; returns the result there and None elsewhere."""
         check_dtype(t)
         check_op(op, t.dtype)
-        self._check_root(root, "reduce")
-        self._check_out(out, t.shape, t.dtype, "reduce")
+        check_root(root, self.size, "reduce")
+        check_out(out, t.shape, t.dtype, "reduce")
         algo = self._pick("reduce", algorithm, t.numel() * t.element_size())
         agreed = self._verify("reduce", (("shape", tuple(t.shape)),), op=op, root=root, dtype=t.dtype, numel=t.numel(), algorithm=algo)
         fn = _REDUCE[algo]
@@ -310,7 +285,7 @@ class Communicator:
                   async_op: bool = False):
         """Copy root's t into t on every rank (in place); returns t."""
         check_dtype(t)
-        self._check_root(root, "broadcast")
+        check_root(root, self.size, "broadcast")
         algo = self._pick("broadcast", algorithm, t.numel() * t.element_size())
         agreed = self._verify("broadcast", (("shape", tuple(t.shape)),), root=root, dtype=t.dtype, numel=t.numel(), algorithm=algo)
         fn = _BROADCAST[algo]
@@ -343,11 +318,11 @@ class Communicator:
         if counts is None:
             self._agree_now("allgather", agreed)
             agreed, new = None, False
-            counts = [s[0] for s in self._shapes(t, "allgather")]
+            counts = [s[0] for s in agree_shapes(self._meta, t, "allgather")]
         row = math.prod(t.shape[1:])
         elems = [c * row for c in counts]
         shape = (sum(counts),) + tuple(t.shape[1:])
-        self._check_out(out, shape, t.dtype, "allgather")
+        check_out(out, shape, t.dtype, "allgather")
         algo = self._pick("allgather", algorithm, sum(elems) * t.element_size())
         fn = _ALLGATHER[algo]
 
@@ -368,11 +343,11 @@ class Communicator:
     def gather(self, t: torch.Tensor, root: int = 0, async_op: bool = False):
         """Concatenate every rank's t along dim 0 on `root` (uneven rows allowed); None elsewhere."""
         check_dtype(t)
-        self._check_root(root, "gather")
+        check_root(root, self.size, "gather")
         if t.dim() == 0:
             t = t.reshape(1)
         self._agree_now("gather", self._verify("gather", root=root, dtype=t.dtype, row=tuple(t.shape[1:])))
-        shapes = self._shapes(t, "gather")
+        shapes = agree_shapes(self._meta, t, "gather")
         row = math.prod(t.shape[1:])
         elems = [s[0] * row for s in shapes]
 
@@ -389,14 +364,14 @@ class Communicator:
         """Split root's t along dim 0 (by `counts` rows, default even) and give rank r part r.
 
         Only the root's t is read; other ranks may pass None."""
-        self._check_root(root, "scatter")
+        check_root(root, self.size, "scatter")
         self._agree_now("scatter", self._verify("scatter", root=root))
         meta = None
         if self.rank == root:
             if t is None:
                 raise PsrtError(f"scatter: the root (rank {root}) must pass a tensor")
             check_dtype(t)
-            counts = self._rows(t, counts, "scatter")
+            counts = row_counts(t, counts, self.size, "scatter")
             meta = (counts, tuple(t.shape[1:]), t.dtype)
         counts, tail, dtype = self._meta.bcast(meta, root=root)
         row = math.prod(tail)
@@ -418,7 +393,7 @@ class Communicator:
         if rows % self.size:
             raise PsrtError(f"alltoall: dim 0 of the input ({rows}) must divide by the number "
                             f"of ranks ({self.size})")
-        self._check_out(out, t.shape, t.dtype, "alltoall")
+        check_out(out, t.shape, t.dtype, "alltoall")
         agreed = self._verify("alltoall", dtype=t.dtype, shape=tuple(t.shape))
 
         def run():
@@ -465,12 +440,12 @@ class Communicator:
         else:
             recv_counts = [int(c) for c in recv_counts]
             if checked:       # every rank's counts, so every rank names the same culprits
-                self._check_pairs(send_counts, recv_counts)
+                agree_pairs(self._meta, send_counts, recv_counts)
             elif len(recv_counts) != self.size or min(recv_counts) < 0:
                 raise PsrtError(f"alltoallv: receive counts {recv_counts} must be {self.size} "
                                 "non-negative numbers")
         shape = (sum(recv_counts),) + tail
-        self._check_out(out, shape, t.dtype, "alltoallv")
+        check_out(out, shape, t.dtype, "alltoallv")
         row = math.prod(tail)
         fn = _ALLTOALLV[algo]
 
@@ -492,23 +467,6 @@ class Communicator:
         report then says who waits where instead of hanging without a word."""
         return self._book("alltoallv", self._meta.alltoall, (send_counts,), False, new=False, traced=False)
 
-    def _check_pairs(self, send_counts: list[int], recv_counts: list[int]) -> None:
-        """Every rank's receive counts are N non-negative numbers, and what rank i sends to j
-        is what j expects from i."""
-        every = self._meta.allgather((send_counts, recv_counts))
-        sends, recvs = [s for s, _ in every], [r for _, r in every]
-        malformed = [r for r, c in enumerate(recvs) if len(c) != self.size or min(c, default=0) < 0]
-        if malformed:
-            listing = "; ".join(f"rank {r}: {recvs[r]}" for r in malformed)
-            raise CollectiveMismatch(f"alltoallv: receive counts must be {self.size} non-negative numbers "
-                                     f"on every rank ({listing})", everywhere=True)
-        bad = [(i, j) for i in range(self.size) for j in range(self.size) if sends[i][j] != recvs[j][i]]
-        if bad:
-            listing = "; ".join(f"rank {i} sends {sends[i][j]} rows to rank {j}, which expects "
-                                f"{recvs[j][i]}" for i, j in bad[:4])
-            raise CollectiveMismatch(f"alltoallv: counts disagree between ranks ({listing})",
-                                     everywhere=True)
-
     def barrier(self, async_op: bool = False):
         agreed = self._verify("barrier")
 
@@ -516,9 +474,6 @@ class Communicator:
             self.comm.Barrier()
         return self._run('barrier', run, async_op, agreed=agreed)
 
-    def _check_root(self, root: int, what: str) -> None:
-        if not 0 <= root < self.size:
-            raise PsrtError(f"{what}: root {root} is not a rank of this communicator (0..{self.size - 1})")
 
 
 def _nothing() -> None:

@@ -3,9 +3,11 @@
 Every reduction algorithm has one signature, `fn(comm, flat_buffer, op, ...)` working in
 place, so ring, recursive doubling, halving-doubling, tree, parameter server, the MPI
 library's own and torch.distributed are interchangeable and each can be checked against the
-others.  The Communicator does the rest once: argument checks, staging of non-contiguous
-and CUDA tensors (see transport.Staging), 'avg' as a sum divided by N, out-of-place results,
-and non-blocking calls (see executor).
+others (the table is implementations.py).  The Communicator does the rest once: argument
+checks, staging of non-contiguous and CUDA tensors (see transport.Staging), 'avg' as a sum
+divided by N, out-of-place results, and non-blocking calls (see executor).  An all-reduce
+runs through the first enabled entry of an ordered table of ways to run it (paths.py); every
+call, whatever runs it, goes through one bookkeeping wrapper (`_book`).
 """
 from __future__ import annotations
 

@@ -3,7 +3,8 @@ runs it (Horovod's OperationManager: an ordered list of implementations, each wi
 
 An entry is any object with
 
-- `name`: a short word, named in the trace span of every call it runs;
+- `name`: a short word, the `path` of the trace span of every call it runs (a call made
+  ready before is traced as 'ready');
 - `enabled(group, call) -> bool`: whether it runs this `Call` on `group` (a Communicator).
   Cheap (attribute checks, a dict lookup): it is asked on every call.  It runs in the
   caller's thread, so it may prepare what `run` needs and keep it on the call (`call.ready`);
@@ -14,10 +15,13 @@ An entry is any object with
 
 A call that an entry made ready before (psrt/collectives/ready.py) skips the table and its
 argument checks, which it passed when it was made, as Horovod's response cache skips the
-negotiation: `Communicator.allreduce` looks it up first, and asks `ALLREDUCE` in order only
-on a miss; the last entry, `General`, takes every call.  A new way of running an all-reduce (a GPU staging path, a
-two-level path for several hosts) is one more entry placed before the entries it must
-overtake: for an algorithm of its own, `enabled` answers `call.algo == "NAME"`.
+negotiation: `Communicator.allreduce` looks it up first, and asks its table (`group.paths`,
+`ALLREDUCE` unless replaced) in order only on a miss; the last entry, `General`, takes every
+call.  A new way of running an all-reduce (a GPU staging path, a two-level path for several
+hosts) is one more entry in `ALLREDUCE`, placed before the entries it must overtake; for an
+algorithm of its own, `enabled` answers `call.algo == "NAME"`.  The other collectives have
+one way each (their algorithm's function, in implementations.py), run through the same
+bookkeeping; one that gains a second way gets a table of its own, the same way.
 """
 from __future__ import annotations
 
@@ -60,7 +64,7 @@ class MakeReady:
     after it, which find it before the table is asked), then run.  Not under check='all',
     whose every call gathers its arguments anyway."""
 
-    name = "ready"
+    name = "make-ready"
 
     def enabled(self, group, c: Call) -> bool:
         if not (c.algo in small.FAST and group.check != "all" and _small(c) and c.cpu_contiguous()):

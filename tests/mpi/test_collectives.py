@@ -27,7 +27,8 @@ def test_collectives_matrix(run_ranks, np_):
 def test_every_ready_call_is_exact(run_ranks, np_, segment):
     """The small-message path's ready calls, every algorithm, op and way of calling, and the
     torch path, equal an exact reference (tests/mpi/ranks/ready_calls.py); at N = 3 with
-    ring chunks cut into segments of 256 bytes.  Both paths run each algorithm's one
+    ring chunks cut into segments of 256 bytes.  In the same launch: which entry of the
+    all-reduce table ran each kind of call, and that an entry a program puts first runs.  Both paths run each algorithm's one
     schedule (psrt/collectives/schedule.py); the matrix above checks each against the NumPy
     reference and the MPI library on odd and even rank counts, in dtypes of both paths."""
     env = {"PSRT_RING_SEGMENT": segment} if segment else None
@@ -40,6 +41,10 @@ def test_every_ready_call_is_exact(run_ranks, np_, segment):
         assert rec["checked"] == 5 * (4 * 3 * 2 + 1) * (2 * 3 * 4 + 1)
         # buffers reduced again were made ready in place (bounded: the oldest are let go)
         assert all(b > 0 for b in rec["bound"]), rec
+        # the all-reduce table's entry of each kind of call, and one put first by the program
+        assert rec["paths"] == ["make-ready", "ready", "small", "general", "make-ready", "native",
+                                "counted", "counted"], rec
+        assert rec["counted"] == 2 and rec["state"] == [8, "allreduce", None], rec
 
 
 @pytest.mark.parametrize("np_", [1, 2, 3, 4, 5, 6, 7, 8])

@@ -9,6 +9,10 @@ and in place non-blocking, on a Communicator with plain and one with persistent 
 and the torch path's function of the algorithm (collectives/implementations.py) once.  Run
 with a small PSRT_RING_SEGMENT, the ring's chunks are cut into many segments (and windows, on
 the torch path).  Inputs are small integers, so every order of reduction gives the same bits as the reference.
+
+Then which entry of the all-reduce table (psrt/collectives/paths.py) ran each kind of call, as
+the trace names it, and that an entry put first in a Communicator's table runs the calls it
+is enabled for, with the bookkeeping around it (count, state, span).
 """
 import json
 
@@ -16,7 +20,8 @@ import numpy as np
 import torch
 
 import psrt
-from psrt.collectives import small
+from psrt.trace import Tracer
+from psrt.collectives import paths, small
 from psrt.collectives.implementations import ALLREDUCE
 
 world = psrt.init()
@@ -58,8 +63,43 @@ for algo in small.ALLREDUCE:
                     checked += 1
                     if not torch.equal(t, want):
                         failures.append(f"{algo} n={numel} {op} {dtype} variant {i}")
+
+
+class Counted:
+    """An entry for the 'tree' algorithm only, delegating to the general path."""
+    name = "counted"
+
+    def __init__(self):
+        self.ran = 0
+
+    def enabled(self, group, call) -> bool:
+        return call.algo == "tree"
+
+    def run(self, group, call):
+        self.ran += 1
+        return paths.General().run(group, call)
+
+
+traced = psrt.Communicator(comm, algorithm="ring", tracer=Tracer())
+counted = Counted()
+traced.paths = (counted,) + traced.paths
+x = torch.ones(4)
+calls = [traced.allreduce(x, out=x.clone()),                  # made ready (shape)
+         traced.allreduce(x),                                  # ready
+         traced.allreduce(torch.ones(4, 2)[:, 0]),             # not contiguous: once
+         traced.allreduce(torch.ones(4, dtype=torch.bfloat16)),  # no NumPy dtype: general
+         traced.allreduce(x, algorithm="native", out=x.clone()),  # made ready
+         traced.allreduce(torch.ones(small.SMALL_BYTES // 4 + 1), algorithm="native"),  # MPI's, into the output
+         traced.allreduce(x, algorithm="tree"),                # the entry put first
+         traced.allreduce(x, algorithm="tree", async_op=True).wait()]
+if any(not torch.equal(c.float().reshape(-1), torch.full((c.numel(),), float(n))) for c in calls):
+    failures.append(f"traced calls: {calls}")
+ran_paths = [args.get("path") for name, _, _, _, _, args in traced.tracer.events if name == "allreduce"]
+state = traced.state
+traced.close()
 bound = [len(group._ready.bound) for group in groups]
 for group in groups:
     group.close()
-print("PSRT-RESULT " + json.dumps({"rank": r, "failures": failures, "checked": checked, "bound": bound}),
+print("PSRT-RESULT " + json.dumps({"rank": r, "failures": failures, "checked": checked, "bound": bound,
+                                   "paths": ran_paths, "counted": counted.ran, "state": list(state)}),
       flush=True)

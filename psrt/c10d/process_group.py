@@ -9,7 +9,7 @@ messages never match the messages of psrt's algorithms; a progress thread comple
 (psrt/c10d/p2p.py).
 
 Tensors of a dtype psrt's transport does not reduce (int16, complex, float8, ...) travel as
-bytes for data movement; complex sums reduce as pairs of reals.  CUDA tensors are ordered
+bytes for data movement; complex sums reduce as pairs of reals (psrt/c10d/tensors.py).  CUDA tensors are ordered
 against the stream that was current at call time: for a collective an event recorded there
 is awaited by the worker before MPI touches the memory; a send or receive, which MPI starts
 at once, synchronises that stream first.

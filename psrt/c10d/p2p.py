@@ -30,7 +30,7 @@ from psrt.errors import PsrtError
 
 
 def store(flat: torch.Tensor, into: torch.Tensor) -> None:
-    """Copy a result produced by `_flat`-style tensors back into the user's tensor."""
+    """Copy a result produced by `tensors.flat_view`-style tensors back into the user's tensor."""
     if flat.dtype != into.dtype:
         flat = flat.view(into.dtype)
     if flat.data_ptr() != into.data_ptr() or not into.is_contiguous():

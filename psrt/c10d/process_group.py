@@ -9,7 +9,7 @@ messages never match the messages of psrt's algorithms; a progress thread comple
 (psrt/c10d/p2p.py).
 
 Tensors of a dtype psrt's transport does not reduce (int16, complex, float8, ...) travel as
-bytes for data movement; complex sums reduce as pairs of reals.  CUDA tensors are ordered
+bytes for data movement; complex sums reduce as pairs of reals (psrt/c10d/tensors.py).  CUDA tensors are ordered
 against the stream that was current at call time: for a collective an event recorded there
 is awaited by the worker before MPI touches the memory; a send or receive, which MPI starts
 at once, synchronises that stream first.
@@ -25,17 +25,12 @@ import torch.distributed as dist
 
 from psrt import env
 from psrt.c10d.p2p import P2PWork, Progress, caller_stream, copy_back, store as _store
+from psrt.c10d.tensors import allreduce_sparse, flat_numel, flat_view, reduce_op, reducible, split_into
 from psrt.c10d.work import Work
 from psrt.collectives.communicator import Communicator
 from psrt.collectives.executor import Executor
 from psrt.errors import PsrtError
-from psrt.transport import SUPPORTED_DTYPES, msg
-
-RedOpType = dist.ReduceOp.RedOpType
-_OPS = {RedOpType.SUM: "sum", RedOpType.AVG: "avg", RedOpType.PRODUCT: "prod",
-        RedOpType.MIN: "min", RedOpType.MAX: "max", RedOpType.PREMUL_SUM: "sum",
-        RedOpType.BAND: "band", RedOpType.BOR: "bor", RedOpType.BXOR: "bxor"}
-
+from psrt.transport import msg
 
 @dataclass(frozen=True)
 class Options:
@@ -53,44 +48,6 @@ class Options:
                             f"{', '.join(env.BACKEND_ALGORITHMS)}")
         if self.check is not None and self.check not in env.CHECK_MODES:
             raise PsrtError(f"psrt backend: check {self.check!r} is not one of {', '.join(env.CHECK_MODES)}")
-
-
-def reduce_op(op) -> tuple[str, object]:
-    """(psrt op name, pre-multiplication factor or None) for a torch ReduceOp."""
-    kind = op.op if isinstance(op, dist.ReduceOp) else op
-    if kind not in _OPS:
-        raise PsrtError(f"psrt backend: reduce op {kind} is not supported")
-    return _OPS[kind], (op.factor if kind == RedOpType.PREMUL_SUM else None)
-
-
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    """t as a 1-D tensor of a dtype the transport moves: itself (a view when contiguous), or
-    its bytes."""
-    flat = t.reshape(-1)
-    return flat if flat.dtype in SUPPORTED_DTYPES else flat.contiguous().view(torch.uint8)
-
-
-def _numel(t: torch.Tensor) -> int:
-    """Elements of `_flat(t)`."""
-    return t.numel() if t.dtype in SUPPORTED_DTYPES else t.numel() * t.element_size()
-
-
-def _split_into(flat: torch.Tensor, outs: list[torch.Tensor]) -> None:
-    start = 0
-    for o in outs:
-        n = _numel(o)
-        _store(flat[start:start + n], o)
-        start += n
-
-
-def _reducible(t: torch.Tensor, op: str) -> torch.Tensor:
-    """t (contiguous) in a dtype psrt reduces: complex sums as pairs of reals."""
-    if t.is_complex() and op in ("sum", "avg"):
-        return torch.view_as_real(t)
-    if t.dtype not in SUPPORTED_DTYPES:
-        raise PsrtError(f"psrt backend: cannot reduce a {t.dtype} tensor with {op!r} "
-                        f"(reducible: {', '.join(str(d).replace('torch.', '') for d in SUPPORTED_DTYPES)})")
-    return t
 
 
 class ProcessGroupPsrt(dist.ProcessGroup):
@@ -211,34 +168,10 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         work = t if t.is_contiguous() else t.contiguous()
         if factor is not None:
             work.mul_(factor)
-        buf = _reducible(work, op)
+        buf = reducible(work, op)
         self.group.allreduce(buf, op, out=buf)
         if work.data_ptr() != t.data_ptr():
             t.copy_(work)
-
-    def _allreduce_sparse(self, t: torch.Tensor, opts_op) -> None:
-        """Sum a sparse COO tensor over the group, in place, as gloo does (ProcessGroupGloo's
-        AsyncSparseAllreduceWork): every rank's indices and values are all-gathered and the
-        union is coalesced (duplicates summed)."""
-        op, _ = reduce_op(opts_op)
-        if op != "sum":
-            raise PsrtError(f"psrt backend: all_reduce of a sparse tensor sums only (got {op!r}), as gloo's")
-        local = t.coalesce()
-        indices = local.indices().t().contiguous()        # nnz x sparse_dim
-        values = local.values().contiguous()               # nnz x dense dims
-        nnz = self.group.allgather(torch.tensor([indices.shape[0]], dtype=torch.int64),
-                                   counts=[1] * self.size()).tolist()
-        per_index = indices.shape[1]
-        per_value = _numel(torch.empty(values.shape[1:], dtype=values.dtype))   # one entry's elements
-        every_index = self.group.allgather(indices.reshape(-1), counts=[k * per_index for k in nnz])
-        every_value = self.group.allgather(_flat(values), counts=[k * per_value for k in nnz])
-        total = sum(nnz)
-        if every_value.dtype != values.dtype:
-            every_value = every_value.view(values.dtype)
-        result = torch.sparse_coo_tensor(every_index.view(total, per_index).t(),
-                                         every_value.view((total,) + tuple(values.shape[1:])),
-                                         t.shape).coalesce()
-        t.copy_(result)
 
     def allreduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceOptions()
@@ -248,7 +181,7 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         def run():
             for t in tensors:
                 if t.is_sparse:
-                    self._allreduce_sparse(t, op)
+                    allreduce_sparse(self.group, t, op)
                 else:
                     self._allreduce_one(t, op)
         return self._submit("allreduce", tensors, run)
@@ -276,7 +209,7 @@ class ProcessGroupPsrt(dist.ProcessGroup):
 
         def run():
             work = t.contiguous() if factor is None else t * factor
-            buf = _reducible(work, op)      # a view of work: reducing buf fills work
+            buf = reducible(work, op)      # a view of work: reducing buf fills work
             is_root = self.rank() == root
             self.group.reduce(buf, root=root, op=op, out=buf if is_root else None)
             if is_root and work.data_ptr() != t.data_ptr():
@@ -287,7 +220,7 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         op, factor = reduce_op(opts_op)
         if factor is not None:
             src = src * factor
-        src = _reducible(src.contiguous(), op).reshape(-1)
+        src = reducible(src.contiguous(), op).reshape(-1)
         scale = src.numel() // max(1, sum(counts))      # 2 for complex viewed as reals
         target = out.reshape(-1) if out.is_contiguous() and not out.is_complex() else None
         result = self.group.reduce_scatter(src, op, counts=[c * scale for c in counts], out=target)
@@ -335,7 +268,7 @@ class ProcessGroupPsrt(dist.ProcessGroup):
 
         def run():
             for t in tensors:
-                flat = _flat(t)
+                flat = flat_view(t)
                 self.group.broadcast(flat, root=root)
                 _store(flat, t)
         return self._submit("broadcast", tensors, run)
@@ -351,12 +284,12 @@ class ProcessGroupPsrt(dist.ProcessGroup):
             raise PsrtError(f"psrt backend: all_gather needs {self.size()} output tensors, got {len(outs)}")
 
         def run():
-            flat = self._allgather_flat(_flat(t), [_numel(o) for o in outs], None)
-            _split_into(flat, outs)
+            flat = self._allgather_flat(flat_view(t), [flat_numel(o) for o in outs], None)
+            split_into(flat, outs)
         return self._submit("allgather", outs, run)
 
     def _gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor) -> None:
-        src = _flat(input)
+        src = flat_view(input)
         direct = output.view(-1) if output.is_contiguous() else None
         flat = self._allgather_flat(src, [src.numel()] * self.size(), direct)
         if direct is None or flat.data_ptr() != output.data_ptr():
@@ -411,9 +344,9 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         outs = list(output_tensors[0]) if self.rank() == root else []
 
         def run():
-            flat = self.group.gather(_flat(t), root=root)
+            flat = self.group.gather(flat_view(t), root=root)
             if self.rank() == root:
-                _split_into(flat, outs)
+                split_into(flat, outs)
         return self._submit("gather", outs, run)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
@@ -422,8 +355,8 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         parts = list(input_tensors[0]) if self.rank() == root else []
 
         def run():
-            src = torch.cat([_flat(p) for p in parts]) if parts else None
-            counts = [_numel(p) for p in parts] if parts else None
+            src = torch.cat([flat_view(p) for p in parts]) if parts else None
+            counts = [flat_numel(p) for p in parts] if parts else None
             _store(self.group.scatter(src, root=root, counts=counts), out)
         return self._submit("scatter", [out], run)
 
@@ -436,13 +369,13 @@ class ProcessGroupPsrt(dist.ProcessGroup):
             if sum(splits) != rows:
                 raise PsrtError(f"psrt backend: all_to_all_single: {what} splits {splits} do not add "
                                 f"up to dim 0 ({rows})")
-            row = _numel(t) // rows if rows else 0
+            row = flat_numel(t) // rows if rows else 0
             return [s * row for s in splits]
 
         send, recv = counts(input, input_split_sizes, "input"), counts(output, output_split_sizes, "output")
 
         def run():
-            flat = self.group.alltoallv(_flat(input), send, recv)
+            flat = self.group.alltoallv(flat_view(input), send, recv)
             _store(flat, output)
         return self._submit("all_to_all_single", [output], run)
 
@@ -452,9 +385,9 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         outs, ins = list(output_tensors), list(input_tensors)
 
         def run():
-            src = torch.cat([_flat(t) for t in ins])
-            flat = self.group.alltoallv(src, [_numel(t) for t in ins], [_numel(o) for o in outs])
-            _split_into(flat, outs)
+            src = torch.cat([flat_view(t) for t in ins])
+            flat = self.group.alltoallv(src, [flat_numel(t) for t in ins], [flat_numel(o) for o in outs])
+            split_into(flat, outs)
         return self._submit("alltoall", outs, run)
 
     def barrier(self, opts=None):
@@ -464,7 +397,7 @@ class ProcessGroupPsrt(dist.ProcessGroup):
     def send(self, tensors, dst: int, tag: int):
         self._check_open("send")
         t = tensors[0]
-        buf = _flat(t).contiguous()
+        buf = flat_view(t).contiguous()
         if buf.is_cuda and not self.group._staging.direct_cuda:
             buf = buf.cpu()           # waits for the caller's stream itself
         caller_stream(buf, touched=True)
@@ -477,7 +410,7 @@ class ProcessGroupPsrt(dist.ProcessGroup):
         from mpi4py import MPI
         self._check_open("recv")
         t = tensors[0]
-        flat = _flat(t)
+        flat = flat_view(t)
         buf = flat if flat.is_contiguous() and flat.data_ptr() == t.data_ptr() else torch.empty_like(flat)
         if buf.is_cuda and not self.group._staging.direct_cuda:
             buf = torch.empty(buf.shape, dtype=buf.dtype)

@@ -128,3 +128,37 @@ class Agreement:
         raise CollectiveMismatch(f"collective call #{call} does not match across ranks: "
                                  f"ranks {bad} differ from rank 0 ({listing})", everywhere=True)
 
+
+
+def agree_shapes(meta, t, what: str) -> list[tuple]:
+    """Every rank's shape of t (gathered on `meta`), checking that all but dim 0 and the
+    dtype agree."""
+    mine = (tuple(t.shape), str(t.dtype))
+    shapes = meta.allgather(mine)
+    ref_tail, ref_dtype = shapes[0][0][1:], shapes[0][1]
+    bad = [r for r, (s, d) in enumerate(shapes) if s[1:] != ref_tail or d != ref_dtype or not s]
+    if bad:
+        listing = ", ".join(f"rank {r}: {s} {d}" for r, (s, d) in enumerate(shapes))
+        raise CollectiveMismatch(f"{what}: ranks {bad} disagree with rank 0 on trailing shape or "
+                                 f"dtype ({listing})")
+    return [s for s, _ in shapes]
+
+
+def agree_pairs(meta, send_counts: list[int], recv_counts: list[int]) -> None:
+    """An all-to-all's counts: every rank's receive counts are N non-negative numbers, and what
+    rank i sends to j is what j expects from i (gathered on `meta`, so every rank names the
+    same culprits)."""
+    size = meta.Get_size()
+    every = meta.allgather((send_counts, recv_counts))
+    sends, recvs = [s for s, _ in every], [r for _, r in every]
+    malformed = [r for r, c in enumerate(recvs) if len(c) != size or min(c, default=0) < 0]
+    if malformed:
+        listing = "; ".join(f"rank {r}: {recvs[r]}" for r in malformed)
+        raise CollectiveMismatch(f"alltoallv: receive counts must be {size} non-negative numbers "
+                                 f"on every rank ({listing})", everywhere=True)
+    bad = [(i, j) for i in range(size) for j in range(size) if sends[i][j] != recvs[j][i]]
+    if bad:
+        listing = "; ".join(f"rank {i} sends {sends[i][j]} rows to rank {j}, which expects "
+                            f"{recvs[j][i]}" for i, j in bad[:4])
+        raise CollectiveMismatch(f"alltoallv: counts disagree between ranks ({listing})",
+                                 everywhere=True)

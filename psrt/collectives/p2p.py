@@ -18,10 +18,6 @@ from psrt.transport import msg
 TAG_RING, TAG_RD, TAG_RHD, TAG_TREE, TAG_PS, TAG_A2A = 101, 102, 103, 104, 105, 106
 
 
-def sendrecv(comm, send: torch.Tensor, dest: int, recv: torch.Tensor, source: int, tag: int) -> None:
-    comm.Sendrecv(msg(send), dest, tag, msg(recv), source, tag)
-
-
 def send(comm, t: torch.Tensor, dest: int, tag: int) -> None:
     comm.Send(msg(t), dest, tag)
 

@@ -14,6 +14,7 @@ from mpi4py import MPI
 
 from psrt.collectives.layout import offsets
 from psrt.collectives.p2p import TAG_PS, recv, scratch, send
+from psrt.collectives.schedule import Eager
 from psrt.transport import msg, reduce_
 
 
@@ -57,50 +58,59 @@ PIPELINE_BYTES = 1 << 20
 PIPELINE_DEPTH = 2
 
 
-def allreduce(comm, buf: torch.Tensor, op: str, root: int = 0) -> None:
+def schedule_allreduce(b, n: int, r: int, root: int = 0) -> None:
     """Reduce at the root and send the result back, pipelined by segments: the root returns
     segment k to the workers while segments k+1.. come in, so on a full-duplex link the
     server needs (N-1) x M / bandwidth, not twice that as a store-and-forward server would
     (psrt.collectives.cost has the model).  Each segment is reduced in rank order, so the
     result is the same left-to-right sum as `reduce` gives."""
-    if comm.size == 1 or buf.numel() == 0:
+    a = b.a
+    total = len(a)
+    if n == 1 or total == 0:
         return
-    step = max(1, PIPELINE_BYTES // buf.element_size())
-    bounds = [(lo, min(lo + step, buf.numel())) for lo in range(0, buf.numel(), step)]
-    if comm.rank != root:
+    step = max(1, PIPELINE_BYTES // b.itemsize)
+    bounds = [(lo, min(lo + step, total)) for lo in range(0, total, step)]
+    if r != root:
         # Receives go up first: a large message moves only once its receive is posted.
-        out = scratch(buf, buf.numel())
-        reqs = [comm.Irecv(msg(out[lo:hi]), root, TAG_PS) for lo, hi in bounds]
-        reqs += [comm.Isend(msg(buf[lo:hi]), root, TAG_PS) for lo, hi in bounds]
-        MPI.Request.Waitall(reqs)
-        buf.copy_(out)
+        out = b.scratch(total)
+        b.transfer(sends=[(a[lo:hi], root) for lo, hi in bounds], recvs=[(out[lo:hi], root) for lo, hi in bounds])
+        b.copy(a, out)
         return
-    others = [r for r in range(comm.size) if r != root]
+    others = [q for q in range(n) if q != root]
     row = {src: i for i, src in enumerate(others)}   # each sender's row of a slot
-    slots = [scratch(buf, step * len(others)).view(len(others), step) for _ in range(PIPELINE_DEPTH)]
+    slots = [b.scratch((len(others), min(step, total))) for _ in range(min(PIPELINE_DEPTH, len(bounds)))]
+    mine = b.scratch(min(step, total)) if root != 0 else None
 
-    def post(k: int) -> list:
+    def post(k: int):
         lo, hi = bounds[k]
         space = slots[k % PIPELINE_DEPTH]
-        return [comm.Irecv(msg(space[i, :hi - lo]), src, TAG_PS) for i, src in enumerate(others)]
+        return b.start(recvs=[(space[i, :hi - lo], src) for i, src in enumerate(others)])
 
-    pending = [post(k) for k in range(min(PIPELINE_DEPTH, len(bounds)))]
+    pending = [post(k) for k in range(len(slots))]
     sends = []
     for k, (lo, hi) in enumerate(bounds):
-        MPI.Request.Waitall(pending.pop(0))
-        part, got = buf[lo:hi], slots[k % PIPELINE_DEPTH][:, :hi - lo]
-        mine = part.clone() if root != 0 else None
-        for r in range(comm.size):   # left to right over ranks
-            x = mine if r == root else got[row[r]]
-            if r == 0:
+        b.complete(pending.pop(0))
+        part, got = a[lo:hi], slots[k % PIPELINE_DEPTH][:, :hi - lo]
+        if root != 0:
+            b.copy(mine[:hi - lo], part)
+        for q in range(n):   # left to right over ranks
+            x = (mine[:hi - lo] if root != 0 else part) if q == root else got[row[q]]
+            if q == 0:
                 if root != 0:
-                    part.copy_(x)
+                    b.copy(part, x)
             else:
-                reduce_(part, x, op)
-        sends += [comm.Isend(msg(part), dst, TAG_PS) for dst in others]
+                b.reduce(part, x)
+        sends.append(b.start(sends=[(part, dst) for dst in others]))
         if k + PIPELINE_DEPTH < len(bounds):
             pending.append(post(k + PIPELINE_DEPTH))   # this segment's slot is free again
-    MPI.Request.Waitall(sends)
+    for h in sends:
+        b.complete(h)
+
+
+def allreduce(comm, buf: torch.Tensor, op: str, root: int = 0) -> None:
+    """In place: everything to the root, reduced there in rank order, sent back
+    (`schedule_allreduce`)."""
+    schedule_allreduce(Eager(comm, buf, op, TAG_PS), comm.size, comm.rank, root)
 
 
 def reduce_scatter(comm, buf: torch.Tensor, counts: list[int], op: str, root: int = 0) -> None:

@@ -17,8 +17,6 @@ queued on the communicator's worker thread, which may still use it.
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
 
@@ -30,26 +28,26 @@ _SEEN = 1024                # (input, output) pairs remembered as seen once
 
 
 class Ready:
-    """One ready all-reduce: `ready(t, out)` reduces t (into out, or a fresh tensor)."""
+    """One ready all-reduce: `call(t, out)` reduces t (into out, or a fresh tensor)."""
 
-    __slots__ = ("call", "plan", "nbytes", "agreed")
+    __slots__ = ("call", "plan", "nbytes", "algo", "bytes", "agreed")
 
-    def __init__(self, call, plan: small.Plan, nbytes: int):
+    def __init__(self, call, plan: small.Plan, nbytes: int, algo: str, size: int, agreed):
         self.call, self.plan, self.nbytes = call, plan, nbytes
-        self.agreed: tuple = ()     # what the Communicator agrees on before each call
+        self.algo, self.bytes = algo, size      # the algorithm and message size, for the trace
+        self.agreed = agreed        # what the Communicator agrees on before each call
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
     return (t.detach() if t.requires_grad else t).numpy()
 
 
-def make(group, t: torch.Tensor, out: torch.Tensor | None, op: str, algo: str, persistent: bool,
-         bound: bool) -> Ready:
-    """A ready all-reduce for `group` (a Communicator): `bound` to out's memory, or to t's
-    shape.  t and out are contiguous CPU tensors of a dtype in small.DTYPES."""
+def make(comm, t: torch.Tensor, out: torch.Tensor | None, op: str, algo: str, persistent: bool,
+         bound: bool, agreed=None) -> Ready:
+    """A ready all-reduce over the mpi4py `comm`: `bound` to out's memory, or to t's shape.
+    t and out are contiguous CPU tensors of a dtype in small.DTYPES."""
     shape, nbytes = t.shape, t.numel() * t.element_size()
-    ufunc, size, tracer = small.UFUNCS[op], group.size, group.tracer
-    clock = tracer.clock
+    ufunc, size = small.UFUNCS[op], comm.Get_size()
     avg = op == "avg"
     if bound:
         held = _numpy(out)
@@ -60,36 +58,28 @@ def make(group, t: torch.Tensor, out: torch.Tensor | None, op: str, algo: str, p
         held = np.empty(shape, dtype=_numpy(t).dtype)     # the plan's own buffer, t's shape
         a, src, copy = held.reshape(-1), None, True
         own = held.nbytes
-    plan = small.plan(algo, group.comm, a, ufunc, persistent)
+    plan = small.plan(algo, comm, a, ufunc, persistent)
 
     def call(x, o):
-        seq = group.calls
-        group.state = (seq, "allreduce", time.monotonic())
-        t0 = clock()
         if copy:
             np.copyto(held, src if bound else _numpy(x))
         plan()
         if avg:
             np.divide(a, size, out=a)
         if bound:
-            result = out
-        elif o is None:
-            result = torch.from_numpy(held.copy())
-        else:
-            np.copyto(_numpy(o), held)
-            result = o
-        if tracer.on:
-            tracer.add("allreduce", "comm", t0, clock(), algorithm=algo, bytes=nbytes)
-        group.state = (seq, "allreduce", None)
-        return result
-    return Ready(call, plan, plan.nbytes + own + (nbytes * (1 + copy) if bound else 0))
+            return out
+        if o is None:
+            return torch.from_numpy(held.copy())
+        np.copyto(_numpy(o), held)
+        return o
+    return Ready(call, plan, plan.nbytes + own + (nbytes * (1 + copy) if bound else 0), algo, nbytes, agreed)
 
 
 class ReadyCache:
     """The ready all-reduces of one Communicator, by buffer and by shape."""
 
-    def __init__(self, group, executor, persistent: bool):
-        self.group, self.executor, self.persistent = group, executor, persistent
+    def __init__(self, comm, executor, persistent: bool):
+        self.comm, self.executor, self.persistent = comm, executor, persistent
         self.bound: dict = {}        # (input ptr, output ptr, shape, dtype, op, algorithm) -> Ready
         self.shaped: dict = {}       # (shape, dtype, op, algorithm) -> Ready
         self.seen: dict = {}         # bound keys seen once
@@ -102,11 +92,21 @@ class ReadyCache:
             return (t.shape, t.dtype, op, algorithm)
         return (t.data_ptr(), out.data_ptr(), t.shape, t.dtype, op, algorithm)
 
-    def get(self, key: tuple, bound: bool):
-        return (self.bound if bound else self.shaped).get(key)
+    def lookup(self, t, out, op: str, algorithm: str | None) -> Ready | None:
+        """The ready call for these arguments, if one was made and the tensors are (still)
+        contiguous CPU tensors."""
+        if out is None:
+            ready = self.shaped.get((t.shape, t.dtype, op, algorithm))
+        else:
+            ready = self.bound.get((t.data_ptr(), out.data_ptr(), t.shape, t.dtype, op, algorithm))
+        if (ready is not None and t.is_contiguous() and not t.is_cuda
+                and (out is None or out.is_contiguous() and not out.is_cuda)):
+            return ready
+        return None
 
-    def add(self, key: tuple, t, out, op: str, algorithm: str | None, algo: str) -> Ready:
-        """The ready call for this key, made now: bound to `out` when that pair was seen before."""
+    def add(self, key: tuple, t, out, op: str, algorithm: str | None, algo: str, agreed=None) -> Ready:
+        """The ready call for this key, made now: bound to `out` when that pair was seen before;
+        `agreed` is what the ranks agree on before each of its calls."""
         bound = out is not None and key in self.seen
         if out is not None and not bound:
             if len(self.seen) >= _SEEN:
@@ -121,7 +121,7 @@ class ReadyCache:
             table = self.bound if bound else self.shaped
             if bound:
                 del self.seen[key]
-        ready = make(self.group, t, out, op, algo, self.persistent, bound)
+        ready = make(self.comm, t, out, op, algo, self.persistent, bound, agreed)
         while self.bound or self.shaped:
             if len(self.bound) + len(self.shaped) < MAX_ENTRIES and self.nbytes + ready.nbytes <= MAX_BYTES:
                 break

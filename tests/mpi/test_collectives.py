@@ -23,19 +23,28 @@ def test_collectives_matrix(run_ranks, np_):
             assert rec["ran"].get(name, 0) > 0, name
 
 
-@pytest.mark.parametrize("np_", [2, 3, 5])
-def test_small_message_path_is_bitwise_the_torch_path(run_ranks, np_):
-    """psrt/collectives/small.py against ring.py, recursive.py, tree.py and ps.py: same bits,
-    and ranks on different paths still match (tests/mpi/ranks/small_paths.py)."""
-    run = run_ranks(np_, "small_paths.py", timeout=240).check()
+@pytest.mark.parametrize("np_, segment", [(2, None), (3, "256"), (5, None)])
+def test_every_ready_call_is_exact(run_ranks, np_, segment):
+    """The small-message path's ready calls, every algorithm, op and way of calling, and the
+    torch path, equal an exact reference (tests/mpi/ranks/ready_calls.py); at N = 3 with
+    ring chunks cut into segments of 256 bytes.  In the same launch: which entry of the
+    all-reduce table ran each kind of call, and that an entry a program puts first runs.  Both paths run each algorithm's one
+    schedule (psrt/collectives/schedule.py); the matrix above checks each against the NumPy
+    reference and the MPI library on odd and even rank counts, in dtypes of both paths."""
+    env = {"PSRT_RING_SEGMENT": segment} if segment else None
+    run = run_ranks(np_, "ready_calls.py", timeout=240, env=env).check()
     records = run.records()
     assert len(records) == np_
     for rec in records:
         assert rec["failures"] == [], rec
-        # algorithms x cases x (2 communicators x 3 repeats x 4 ways of calling + 1 mixed)
+        # algorithms x cases x (2 communicators x 3 repeats x 4 ways of calling + the torch path)
         assert rec["checked"] == 5 * (4 * 3 * 2 + 1) * (2 * 3 * 4 + 1)
         # buffers reduced again were made ready in place (bounded: the oldest are let go)
         assert all(b > 0 for b in rec["bound"]), rec
+        # the all-reduce table's entry of each kind of call, and one put first by the program
+        assert rec["paths"] == ["make-ready", "ready", "small", "general", "make-ready", "native",
+                                "counted", "counted"], rec
+        assert rec["counted"] == 2 and rec["state"] == [8, "allreduce", None], rec
 
 
 @pytest.mark.parametrize("np_", [1, 2, 3, 4, 5, 6, 7, 8])

@@ -8,7 +8,7 @@ from psrt.train.config import DATASETS, MODELS
 
 
 def test_every_collective_algorithm_has_an_implementation_and_no_other():
-    from psrt.collectives.communicator import _IMPLEMENTATIONS
+    from psrt.collectives.implementations import IMPLEMENTATIONS as _IMPLEMENTATIONS
     assert {c: tuple(impl) for c, impl in _IMPLEMENTATIONS.items()} == ALGORITHMS
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from psrt import env
-from psrt.collectives import alltoall, native, ps, recursive, ring, small, torch_backend, tree
+from psrt.collectives import alltoall, hierarchical, native, ps, recursive, ring, small, torch_backend, tree
 from psrt.collectives.agreement import Agreement
 from psrt.collectives.executor import Executor, Handle
 from psrt.collectives.ready import ReadyCache
@@ -35,14 +35,17 @@ _ALLREDUCE = {
     "halving-doubling": recursive.allreduce_halving_doubling,
     "tree": tree.allreduce,
     "ps": ps.allreduce,
+    "hierarchical": hierarchical.allreduce,
     "native": native.allreduce,
     "torch": torch_backend.allreduce,
 }
 _REDUCE_SCATTER = {"ring": ring.reduce_scatter, "ps": ps.reduce_scatter,
-                   "native": native.reduce_scatter, "torch": torch_backend.reduce_scatter}
-_ALLGATHER = {"ring": ring.allgather, "ps": ps.allgather, "native": native.allgather,
+                   "hierarchical": hierarchical.reduce_scatter, "native": native.reduce_scatter, "torch": torch_backend.reduce_scatter}
+_ALLGATHER = {"ring": ring.allgather, "ps": ps.allgather, "hierarchical": hierarchical.allgather,
+              "native": native.allgather,
               "torch": torch_backend.allgather}
-_BROADCAST = {"tree": tree.broadcast, "ps": ps.broadcast, "native": native.broadcast,
+_BROADCAST = {"tree": tree.broadcast, "ps": ps.broadcast, "hierarchical": hierarchical.broadcast,
+              "native": native.broadcast,
               "torch": torch_backend.broadcast}
 _REDUCE = {"tree": tree.reduce, "ps": ps.reduce, "native": native.reduce,
            "torch": torch_backend.reduce}
@@ -114,6 +117,8 @@ class Communicator:
         self._meta = self.comm.Dup()
         self._checked: set = set()
         self._agreement = Agreement(self._meta, self.check)
+        # Hosts of the ranks now; the two levels' communicators on the first hierarchical call.
+        self.topology = hierarchical.Topology.of(self.comm, self._meta)
         self.calls = 0
         self.state: tuple = (0, "", None)
         self._ready = ReadyCache(self, self._executor, persistent)    # small all-reduces made ready
@@ -125,6 +130,7 @@ class Communicator:
         """Stop the worker thread used by non-blocking calls and free the metadata communicator."""
         self._executor.close()
         self._ready.close()
+        self.topology.free()
         if self._meta is not None:
             self._meta.Free()
             self._meta = None
@@ -169,10 +175,13 @@ class Communicator:
             key = (collective, nbytes)
             name = self._auto.get(key)
             if name is None:
-                name = self._auto[key] = self.tuning.choose(collective, nbytes, self.size, table)
+                name = self._auto[key] = self.tuning.choose(collective, nbytes, self.size, table,
+                                                            self.topology.placement.sizes)
         return name
 
     def _backend_comm(self, algorithm: str):
+        if algorithm == "hierarchical":
+            return self.topology
         if algorithm != "torch":
             return self.comm
         import torch.distributed as dist

@@ -184,6 +184,10 @@ class Links:
         return max(0.0, self.crowd - 1.0) * self.wait_s
 
 
+# Below this psrt.collectives.hierarchical all-reduces through one rank per host, above it
+# through a shard per local rank (why: there).
+LEADER_BYTES = 1 << 20
+
 # Assumed when nothing was measured ('auto' decides before any ping-pong): a gigabit
 # Ethernet link between hosts and shared memory inside one.
 DEFAULT_LINKS = Links(Fit(2e-6, 1 / 4e9, 1.0), Fit(50e-6, 1 / 125e6, 1.0))
@@ -225,7 +229,8 @@ def _by_host(host_of: list[int]) -> list[list[int]]:
 def rounds(algorithm: str, host_of: list[int], nbytes: float) -> list[tuple[list, int]]:
     """[(transfers of one round, times it repeats)] of one all-reduce of `nbytes` on the
     placement `host_of` (rank -> host): flat ring, hierarchical (psrt.collectives.
-    hierarchical: inside each host, a ring per shard between hosts, inside again), ps
+    hierarchical: inside each host, a ring per shard between hosts, inside again; below
+    LEADER_BYTES through each host's first rank), ps
     (everything through rank 0, pipelined so both directions run at once), ps-local (the
     same between one rank per host after a reduction inside each host, psrt.dp.ps's
     --local-aggregation) and tree (binomial reduce then broadcast)."""
@@ -233,6 +238,12 @@ def rounds(algorithm: str, host_of: list[int], nbytes: float) -> list[tuple[list
     hosts = _by_host(host_of)
     if algorithm == "ring":
         return _ring_rounds(list(range(n)), nbytes, 2)
+    if algorithm == "hierarchical" and nbytes < LEADER_BYTES:
+        leaders = [h[0] for h in hosts]
+        gather = [(r, h[0], nbytes) for h in hosts for r in h[1:]]
+        out = [(gather, 1)] if gather else []
+        out += _ring_rounds(leaders, nbytes, 2)
+        return out + ([([(d, s, m) for s, d, m in gather], 1)] if gather else [])
     if algorithm == "hierarchical":
         shards = max(len(h) for h in hosts)
         inside = [m for h in hosts for m, _ in _ring_rounds(h, nbytes, 1)]

@@ -48,6 +48,10 @@ import torch
 from mpi4py import MPI
 
 from psrt.collectives import native, ring
+# Below LEADER_BYTES an all-reduce goes through one rank per host (3 rounds of the MPI
+# library's collectives) instead of shards (psrt's ring between hosts, 2(H-1) steps):
+# per-call costs, not bytes, set the time of a DDP bucket of a small model.
+from psrt.collectives.cost import LEADER_BYTES
 from psrt.collectives.layout import even_counts, offsets
 from psrt.transport import msg
 
@@ -227,6 +231,15 @@ def _two_level(topo: Topology, buf: torch.Tensor, block: dict, src: dict, op: st
 
 
 def allreduce(topo: Topology, buf: torch.Tensor, op: str) -> None:
+    if buf.numel() * buf.element_size() < LEADER_BYTES:
+        # Small: latency rules, so the fewest rounds: reduce to each host's first rank, an
+        # all-reduce among those, a broadcast inside each host (the MPI library's, each).
+        p, local = topo.placement, topo.local
+        native.reduce(local, buf, 0, op)
+        if p.local_of[topo.rank] == 0 and p.hosts > 1:
+            native.allreduce(topo.shard_comm(0), buf, op)
+        native.broadcast(local, buf, 0)
+        return
     block, src = _even_blocks(topo.placement, buf.numel())
     _two_level(topo, buf, block, src, op, lambda c, part, sizes: ring.allreduce(c, part, op, sizes))
 

@@ -21,7 +21,7 @@ DEFAULT_RING_SEGMENT = 1 << 22     # 4 MiB; why: psrt/collectives/ring.py
 CHECK_MODES = ("all", "cheap", "off")
 # The algorithms a torch.distributed group on psrt may use (psrt.collectives.algorithms names
 # them all; 'torch' is left out, as it would call the group itself).
-BACKEND_ALGORITHMS = ("auto", "ring", "doubling", "halving-doubling", "tree", "ps", "native")
+BACKEND_ALGORITHMS = ("auto", "ring", "doubling", "halving-doubling", "tree", "ps", "hierarchical", "native")
 
 
 def _positive_float(text: str) -> float:
@@ -50,6 +50,13 @@ def _one_of(*choices: str) -> Callable[[str], str]:
             raise ValueError
         return text
     return parse
+
+
+def _host_ids(text: str) -> tuple[int, ...]:
+    parts = text.split(",")
+    if not all(p.strip().isdigit() for p in parts):
+        raise ValueError
+    return tuple(int(p) for p in parts)
 
 
 def _flag(text: str) -> bool:
@@ -90,8 +97,13 @@ VARIABLES = {v.name: v for v in (
              "more ranks than it has cores or is an emulated host)"),
     Variable("PSRT_ALGORITHM", _one_of(*BACKEND_ALGORITHMS), ", ".join(BACKEND_ALGORITHMS), "auto",
              "the algorithm of the `psrt` torch.distributed backend's collectives: `auto` "
-             "(default), `ring`, `ps`, `halving-doubling`, `tree`, `doubling` or `native` (the MPI "
+             "(default), `ring`, `ps`, `halving-doubling`, `tree`, `doubling`, `hierarchical` (inside each "
+             "host, then between hosts) or `native` (the MPI "
              "library's); a group's `pg_options` win"),
+    Variable("PSRT_HOSTS", _host_ids, "host numbers, one per rank, e.g. 0,0,0,1,1,2", None,
+             "fake a placement on one machine: rank i (as the launcher numbers it) counts as "
+             "running on host number i of this list, within its real host, for the `hierarchical` "
+             "algorithm, `auto` and `world.local_comm` (tests of uneven placements)"),
     Variable("PSRT_TRACEBACK", _flag, "0 or 1", False,
              "`1`: print the full traceback before the one-line error"),
     Variable("PSRT_MPI_LOG", str, "a file name", None,
@@ -170,6 +182,10 @@ def algorithm() -> str:
 
 def master_addr() -> str | None:
     return get("PSRT_MASTER_ADDR")
+
+
+def fake_hosts() -> tuple[int, ...] | None:
+    return get("PSRT_HOSTS")
 
 
 def traceback() -> bool:

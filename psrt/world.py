@@ -177,6 +177,22 @@ def mpi_yields_when_idle() -> bool | None:
         lib.MPI_T_finalize()
 
 
+def host_key(hostname: str | None = None) -> str:
+    """What tells this process's host from others: its processor name, refined by its entry
+    in PSRT_HOSTS where that fakes a placement on one machine."""
+    if hostname is None:
+        from mpi4py import MPI
+        hostname = MPI.Get_processor_name() or socket.gethostname()
+    fake = env.fake_hosts()
+    if fake is None:
+        return hostname
+    rank = launcher_rank()
+    if rank is None or rank >= len(fake):
+        raise PsrtError(f"PSRT_HOSTS={','.join(map(str, fake))}: names {len(fake)} ranks' hosts, "
+                        f"but this is rank {rank}: give one host number per rank", everywhere=True)
+    return f"{hostname}#{fake[rank]}"
+
+
 def _env_world_size(env=os.environ) -> int | None:
     """World size the launcher announced, if any (used to catch a mismatched MPI)."""
     for key in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS", "HOROVOD_SIZE",
@@ -237,7 +253,7 @@ def init(comm=None, export_env: bool = True) -> World:
     # Shared-memory domain first, then split by host name as well: a namespace-emulated
     # host or a container may share a kernel with its neighbours but not its name.
     shared = dup.Split_type(MPI.COMM_TYPE_SHARED, key=dup.rank)
-    local = shared.Split(color=zlib.crc32(hostname.encode()) & 0x7FFFFFFF, key=dup.rank)
+    local = shared.Split(color=zlib.crc32(host_key(hostname).encode()) & 0x7FFFFFFF, key=dup.rank)
     shared.Free()
     # Node rank: leaders (local rank 0) numbered in order of their global rank.
     is_leader = local.rank == 0
@@ -265,7 +281,7 @@ def _host_address(world: World) -> str:
     """An address of rank 0 that the other ranks can reach."""
     if env.master_addr():
         return env.master_addr()
-    if world.num_nodes == 1:
+    if world.num_nodes == 1 or env.fake_hosts() is not None:   # faked hosts share one machine
         return "127.0.0.1"
     try:
         addr = socket.gethostbyname(world.hostname)

@@ -4,8 +4,11 @@ shaped links, measured next to the alpha-beta model's prediction.
 For each link rate (tc, e.g. 1gbit and 100mbit) the driver brings up an emulated cluster
 (psrt.cluster: one network namespace per host, each host's link shaped both ways), fits
 alpha and beta from a ping-pong between two hosts, and times the all-reduce of M bytes with
-`ps`, `ring` and `native` on 2..8 hosts of one rank each, and on `two_nodes` (2 hosts of 4
-ranks, where only the traffic between the hosts crosses a shaped link).  The same jobs on
+`ps`, `ring`, `hierarchical` and `native` on 2..8 hosts of one rank each, and on hosts of
+several ranks (`--layouts`, default 2x4 as hostfiles/two_nodes, and 4x2), where only the
+traffic between the hosts crosses a shaped link.  Beside every row stands the two-level
+prediction (cost.predict_two_level): alpha and beta fitted between two hosts and between two
+ranks of one host, and the wait of ranks that outnumber the machine's cores.  The same jobs on
 unshaped links give the floor this machine's cores set (copies through the kernel and the
 reductions): a prediction is checked only where that floor is small next to the
 measurement, that is where the network, not the CPU, is the bottleneck.
@@ -13,13 +16,14 @@ measurement, that is where the network, not the CPU, is the bottleneck.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from psrt.bench import jobs
 from psrt.collectives import cost as alpha_beta
 from psrt.train.report import Progress, fmt_bytes
 
-ALGORITHMS = ("ps", "ring", "native")
+ALGORITHMS = ("ps", "ring", "hierarchical", "native")
 SUBNET = "198.18.7.0/24"
 NETWORK_BOUND = 0.25   # floor / measured below this: the row is network-bound
 TOLERANCE = 0.20       # the model's promise for large messages
@@ -47,14 +51,15 @@ def defaults(quick: bool = False, quiet: bool = False):
     """The regime's settings as `python -m psrt.bench network` has them (and --quick)."""
     import argparse
     ns = argparse.Namespace(rates=["1gbit", "100mbit"], host_counts=[2, 4, 8], size=64 << 20,
-                            two_nodes=True, floor=True, warmup=1, repeats=3, quiet=quiet)
+                            layouts=[Layout(2, 4), Layout(4, 2)], floor=True, warmup=1, repeats=3,
+                            quiet=quiet, prefix="psrt-h")
     return quicken(ns) if quick else ns
 
 
 def quicken(ns):
     """--quick: 1gbit only, 2 and 8 hosts, 16 MiB, one repeat, no floor (so no model check)."""
     ns.rates, ns.host_counts, ns.size = ["1gbit"], [2, 8], 16 << 20
-    ns.two_nodes, ns.floor, ns.repeats, ns.warmup = False, False, 1, 0
+    ns.layouts, ns.floor, ns.repeats, ns.warmup = [], False, 1, 0
     return ns
 
 
@@ -69,7 +74,7 @@ def size_for(rate: str, fastest: str, size: int) -> int:
 def groups(args) -> list[tuple[str | None, int, list[Layout]]]:
     """[(rate, or None for unshaped links; ranks per host; layouts)], one emulated cluster
     each, in the order they run."""
-    layouts = [Layout(h, 1) for h in args.host_counts] + ([Layout(2, 4)] if args.two_nodes else [])
+    layouts = [Layout(h, 1) for h in args.host_counts] + list(args.layouts)
     return [(rate, per_host, [lay for lay in layouts if lay.per_host == per_host])
             for rate in args.rates + ([None] if args.floor else [])
             for per_host in sorted({lay.per_host for lay in layouts})]
@@ -87,15 +92,15 @@ def run(args) -> dict:
     done = 0
     fits, measured = {}, []
     for rate, per_host, lays in todo:
-        # Hosts of several ranks take the names of hostfiles/two_nodes.
-        prefix = "node" if per_host > 1 else "psrt-h"
-        names = tuple(f"{prefix}{i}" for i in range(max(lay.hosts for lay in lays)))
-        with C.running(C.Cluster(names, SUBNET, rate)) as cluster:
+        names = tuple(f"{args.prefix}{i}" for i in range(max(lay.hosts for lay in lays)))
+        with C.running(C.Cluster(names, args.subnet, rate)) as cluster:
             if rate is not None:
-                pp = jobs.on_cluster(cluster, [(names[0], 1), (names[1], 1)],
-                                     ["pingpong", "--quiet", "--min-size", "8", "--max-size", "16MiB",
-                                      "--repeats", str(args.repeats)])
-                fits[f"{rate}/{per_host}"] = alpha_beta.fit(pp["points"])
+                # Between two hosts, and (for hosts of several ranks) between two ranks of one.
+                pairs = {"": [(names[0], 1), (names[1], 1)]} | ({"/intra": [(names[0], 2)]} if per_host > 1 else {})
+                for key, where in pairs.items():
+                    pp = jobs.on_cluster(cluster, where, ["pingpong", "--quiet", "--min-size", "8",
+                                                          "--max-size", "16MiB", "--repeats", str(args.repeats)])
+                    fits[f"{rate}/{per_host}{key}"] = alpha_beta.fit(pp["points"])
                 done += 1
                 progress.update(done, f"ping-pong {rate}")
             # The unshaped floor is measured at every size the shaped runs use.
@@ -124,21 +129,36 @@ def assemble(fits: dict, sizes: dict, measured: list[dict]) -> dict:
         fit = fits[f"{r['rate']}/{lay.per_host}"]
         pred = alpha_beta.predict(r["algorithm"], lay.ranks, r["nbytes"], lay.host_of(), fit) \
             if r["algorithm"] in ("ps", "ring") else None
+        two = two_level(r["algorithm"], lay, r["nbytes"], fits, r["rate"])
         t = r["time_us"] / 1e6
         fl = floor.get((r["layout"], r["algorithm"], r["nbytes"]))
         bound = fl is not None and fl / t < NETWORK_BOUND
         rows.append({"rate": r["rate"], "layout": r["layout"], "hosts": r["hosts"], "per_host": lay.per_host,
                      "ranks": lay.ranks, "algorithm": r["algorithm"], "nbytes": r["nbytes"],
                      "size": fmt_bytes(r["nbytes"]), "measured_s": t, "measured_min_s": r["time_min_us"] / 1e6,
-                     "predicted_s": pred, "error": (t - pred) / pred if pred else None, "floor_s": fl,
+                     "predicted_s": pred, "error": (t - pred) / pred if pred else None,
+                     "two_level_s": two, "two_level_error": (t - two) / two if two else None, "floor_s": fl,
                      "network_bound": bound, "bound": "network" if bound else "cpu" if fl else "-",
                      "wrong": r["wrong"]})
     return {"rows": rows, "fits": {k: vars(v) for k, v in fits.items()}, "sizes": sizes}
 
 
+def two_level(algorithm: str, lay: Layout, nbytes: int, fits: dict, rate: str) -> float | None:
+    """The two-level model's time of one row, or None for an algorithm it has no rounds for.
+    Every emulated host shares this machine's cores, so crowding counts all the job's ranks."""
+    import os
+    if algorithm not in alpha_beta.TWO_LEVEL:
+        return None
+    inter = fits[f"{rate}/{lay.per_host}"]
+    intra = fits.get(f"{rate}/{lay.per_host}/intra", inter)
+    links = alpha_beta.Links(intra, inter, crowd=max(1.0, lay.ranks / (os.cpu_count() or 1)))
+    return alpha_beta.predict_two_level(algorithm, lay.host_of(), nbytes, links)
+
+
 COLUMNS = [("rate", "link", ""), ("layout", "hosts x ranks", ""), ("size", "size", ""),
            ("algorithm", "algorithm", ""), ("measured_s", "measured (s)", ".3f"),
            ("predicted_s", "predicted (s)", ".3f"), ("error", "error", "+.0%"),
+           ("two_level_s", "two-level (s)", ".3f"), ("two_level_error", "error", "+.0%"),
            ("floor_s", "unshaped (s)", ".3f"), ("bound", "bound by", ""), ("wrong", "#wrong", "d")]
 
 
@@ -176,6 +196,7 @@ def goals(payload: dict) -> list[dict]:
             ratio = ps["measured_s"] / ring["measured_s"]
             out.append({"goal": f"{rate}, two_nodes (2x4): ps/ring near the model's 2.3x",
                         "value": f"{ratio:.2f}x", "ok": ratio >= 2})
+        out += hierarchical_goals(rows, rate)
         checked = [r for r in rows if r["rate"] == rate and r["predicted_s"] and r["network_bound"]]
         if checked:
             worst = max(checked, key=lambda r: abs(r["error"]))
@@ -185,11 +206,37 @@ def goals(payload: dict) -> list[dict]:
     return out
 
 
+def hierarchical_goals(rows: list[dict], rate: str) -> list[dict]:
+    """Hosts of several ranks, at 16 MiB or more: hierarchical against the flat ring (2x4:
+    1.5x and within 20% of its two-level prediction; 4x2: 1.3x)."""
+    out = []
+    for (hosts, per_host), want in (((2, 4), 1.5), ((4, 2), 1.3)):
+        pick = {r["algorithm"]: r for r in rows if (r["rate"], r["hosts"], r["per_host"]) == (rate, hosts, per_host)
+                and r["nbytes"] >= 16 << 20}
+        if "ring" not in pick or "hierarchical" not in pick:
+            continue
+        h = pick["hierarchical"]
+        ratio = pick["ring"]["measured_s"] / h["measured_s"]
+        out.append({"goal": f"{rate}, {hosts}x{per_host}, {h['size']}: hierarchical >= {want}x faster than ring",
+                    "value": f"{ratio:.2f}x", "ok": ratio >= want})
+        if (hosts, per_host) == (2, 4) and h["two_level_s"]:
+            out.append({"goal": f"{rate}, 2x4, {h['size']}: hierarchical within {TOLERANCE:.0%} of its two-level model",
+                        "value": f"{h['two_level_error']:+.0%}", "ok": abs(h["two_level_error"]) <= TOLERANCE})
+    return out
+
+
 def fit_lines(payload: dict) -> list[str]:
     """One line per fitted link: alpha, beta and the bandwidth beta stands for."""
-    return [f"{key.split('/')[0]} links ({'2 hosts of 4 ranks' if key.endswith('/4') else 'hosts of 1 rank'}): "
+    return [f"{key.split('/')[0]} links ({describe_fit(key)}): "
             f"alpha = {f['alpha_s'] * 1e6:.0f} us, beta = {f['beta_s_per_byte'] * 1e9:.2f} ns/B "
             f"({1e-6 / f['beta_s_per_byte']:.0f} MB/s), r2 = {f['r2']:.4f}" for key, f in payload["fits"].items()]
+
+
+def describe_fit(key: str) -> str:
+    parts = key.split("/")
+    if len(parts) > 2:
+        return f"two ranks of one host, hosts of {parts[1]} ranks"
+    return "hosts of 1 rank" if parts[1] == "1" else f"between hosts of {parts[1]} ranks"
 
 
 def print_report(payload: dict) -> None:
@@ -231,8 +278,13 @@ def add_arguments(nw) -> None:
                     help="host counts of one rank each (comma list, 2..64)")
     nw.add_argument("--size", default="64MiB", help="all-reduce size at the fastest rate; slower "
                     "rates get proportionally less, at least 1 MiB")
-    nw.add_argument("--no-two-nodes", dest="two_nodes", action="store_false",
-                    help="skip the 2 hosts x 4 ranks layout of hostfiles/two_nodes")
+    nw.add_argument("--layouts", dest="layouts_text", default="2x4,4x2",
+                    help="hosts x ranks per host of the layouts with several ranks a host (comma "
+                    "list; 2x4 is hostfiles/two_nodes)")
+    nw.add_argument("--no-two-nodes", dest="layouts_text", action="store_const", const="",
+                    help="skip the layouts of several ranks a host")
+    nw.add_argument("--prefix", default="psrt-h", help="name prefix of the emulated hosts")
+    nw.add_argument("--subnet", default=SUBNET, help="their subnet, inside 198.18.0.0/15")
     nw.add_argument("--no-floor", dest="floor", action="store_false",
                     help="skip the unshaped runs that tell network-bound rows from CPU-bound ones")
     nw.add_argument("--warmup", type=int, default=1)
@@ -258,6 +310,12 @@ def check(args) -> None:
     need(all(p.strip().isdigit() and 2 <= int(p) <= 64 for p in parts),
          f"--hosts {args.hosts_text}: expected host counts from 2 to 64, e.g. 2,4,8")
     args.host_counts = sorted({int(p) for p in parts})
+    texts = [t.strip() for t in args.layouts_text.split(",") if t.strip()]
+    need(all(re.fullmatch(r"\d+x\d+", t) for t in texts),
+         f"--layouts {args.layouts_text}: expected hosts x ranks per host, e.g. 2x4,4x2")
+    args.layouts = [Layout(*map(int, t.split("x"))) for t in texts]
+    need(all(2 <= lay.hosts <= 64 and 2 <= lay.per_host <= 64 for lay in args.layouts),
+         f"--layouts {args.layouts_text}: hosts and ranks per host from 2 to 64")
     try:
         args.size = parse_size(args.size)
     except ValueError as err:

@@ -3,10 +3,10 @@ without importing torch.  communicator.py maps each name to its implementation (
 keeps the two the same)."""
 
 ALGORITHMS = {
-    "allreduce": ("ring", "doubling", "halving-doubling", "tree", "ps", "native", "torch"),
-    "reduce_scatter": ("ring", "ps", "native", "torch"),
-    "allgather": ("ring", "ps", "native", "torch"),
-    "broadcast": ("tree", "ps", "native", "torch"),
+    "allreduce": ("ring", "doubling", "halving-doubling", "tree", "ps", "hierarchical", "native", "torch"),
+    "reduce_scatter": ("ring", "ps", "hierarchical", "native", "torch"),
+    "allgather": ("ring", "ps", "hierarchical", "native", "torch"),
+    "broadcast": ("tree", "ps", "hierarchical", "native", "torch"),
     "reduce": ("tree", "ps", "native", "torch"),
     "alltoallv": ("pairwise", "native"),
 }

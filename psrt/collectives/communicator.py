@@ -17,7 +17,7 @@ import time
 import torch
 
 from psrt import env
-from psrt.collectives import native, paths
+from psrt.collectives import hierarchical, native, paths
 from psrt.collectives.implementations import (ALLGATHER as _ALLGATHER,
                                                BROADCAST as _BROADCAST, REDUCE as _REDUCE,
                                                REDUCE_SCATTER as _REDUCE_SCATTER)
@@ -91,6 +91,8 @@ class Communicator(Exchanges):
         self._meta = self.comm.Dup()
         self._checked: set = set()
         self._agreement = Agreement(self._meta, self.check)
+        # Hosts of the ranks now; the two levels' communicators on the first hierarchical call.
+        self.topology = hierarchical.Topology.of(self.comm, self._meta)
         self.calls = 0
         self.state: tuple = (0, "", None)
         self._ready = ReadyCache(self.comm, self._executor, persistent)    # small all-reduces made ready
@@ -103,6 +105,7 @@ class Communicator(Exchanges):
         """Stop the worker thread used by non-blocking calls and free the metadata communicator."""
         self._executor.close()
         self._ready.close()
+        self.topology.free()
         if self._meta is not None:
             self._meta.Free()
             self._meta = None
@@ -173,10 +176,13 @@ class Communicator(Exchanges):
             key = (collective, nbytes)
             name = self._auto.get(key)
             if name is None:
-                name = self._auto[key] = self.tuning.choose(collective, nbytes, self.size, table)
+                name = self._auto[key] = self.tuning.choose(collective, nbytes, self.size, table,
+                                                            self.topology.placement.sizes)
         return name
 
     def _backend_comm(self, algorithm: str):
+        if algorithm == "hierarchical":
+            return self.topology
         if algorithm != "torch":
             return self.comm
         import torch.distributed as dist

@@ -159,3 +159,132 @@ def wire_bytes(collective: str, algorithm: str, nbytes: int, size: int, rank: in
             mask <<= 1
         return (m if rank else 0) + children * m
     return int(2 * (n - 1) * part)   # ring, halving-doubling, native, torch
+
+
+# ------------------------------------------------------------------ two levels
+# A rank waiting for a message on a host running more ranks than it has cores often waits
+# for its sender to be scheduled.  Estimated from the flat ring on 2 emulated hosts of 4
+# ranks (8 ranks on 2 cores, 1 Gbit/s): its 14 steps took 7-12 ms more than the link model,
+# 0.5-0.85 ms a step with 3 ranks too many per core; PSRT_... is not needed to change it:
+# `Links(wait_s=...)` takes a measured value.
+WAIT_S = 0.2e-3
+
+
+@dataclass(frozen=True)
+class Links:
+    """The two levels of a placement: `intra` fitted between two ranks of one host, `inter`
+    between two hosts; `crowd` = ranks per core on the busiest host (1 when none waits);
+    `wait_s` = what each sequential step waits per rank too many on a core."""
+    intra: Fit
+    inter: Fit
+    crowd: float = 1.0
+    wait_s: float = WAIT_S
+
+    def step_wait(self) -> float:
+        return max(0.0, self.crowd - 1.0) * self.wait_s
+
+
+# Below this psrt.collectives.hierarchical all-reduces through one rank per host, above it
+# through a shard per local rank (why: there).
+LEADER_BYTES = 1 << 20
+
+# Assumed when nothing was measured ('auto' decides before any ping-pong): a gigabit
+# Ethernet link between hosts and shared memory inside one.
+DEFAULT_LINKS = Links(Fit(2e-6, 1 / 4e9, 1.0), Fit(50e-6, 1 / 125e6, 1.0))
+
+
+def _round_time(moves: list, host_of: list[int], links: Links) -> float:
+    """One round of transfers that run at once: the slower of its two levels, each charged
+    alpha + beta x the bytes of its busiest link direction (a host's uplink or downlink
+    between hosts; one rank's send or receive inside a host, slowed by crowding)."""
+    inter = link_load(moves, host_of)
+    per_rank: dict = {}
+    for src, dst, m in moves:
+        if host_of[src] == host_of[dst] and src != dst:
+            per_rank[("out", src)] = per_rank.get(("out", src), 0.0) + m
+            per_rank[("in", dst)] = per_rank.get(("in", dst), 0.0) + m
+    t = 0.0
+    if any(host_of[s] != host_of[d] for s, d, _ in moves):
+        t = links.inter.time(inter)
+    if per_rank:
+        t = max(t, links.intra.alpha_s + max(per_rank.values()) * links.intra.beta_s_per_byte * max(links.crowd, 1.0))
+    return t + (links.step_wait() if moves else 0.0)
+
+
+def _ring_rounds(members: list[int], nbytes: float, passes: int) -> list[tuple[list, int]]:
+    n = len(members)
+    if n < 2:
+        return []
+    moves = [(members[i], members[(i + 1) % n], nbytes / n) for i in range(n)]
+    return [(moves, passes * (n - 1))]
+
+
+def _by_host(host_of: list[int]) -> list[list[int]]:
+    hosts: dict = {}
+    for r, h in enumerate(host_of):
+        hosts.setdefault(h, []).append(r)
+    return list(hosts.values())
+
+
+def rounds(algorithm: str, host_of: list[int], nbytes: float) -> list[tuple[list, int]]:
+    """[(transfers of one round, times it repeats)] of one all-reduce of `nbytes` on the
+    placement `host_of` (rank -> host): flat ring, hierarchical (psrt.collectives.
+    hierarchical: inside each host, a ring per shard between hosts, inside again; below
+    LEADER_BYTES through each host's first rank), ps
+    (everything through rank 0, pipelined so both directions run at once), ps-local (the
+    same between one rank per host after a reduction inside each host, psrt.dp.ps's
+    --local-aggregation) and tree (binomial reduce then broadcast)."""
+    n = len(host_of)
+    hosts = _by_host(host_of)
+    if algorithm == "ring":
+        return _ring_rounds(list(range(n)), nbytes, 2)
+    if algorithm == "hierarchical" and nbytes < LEADER_BYTES:
+        leaders = [h[0] for h in hosts]
+        gather = [(r, h[0], nbytes) for h in hosts for r in h[1:]]
+        out = [(gather, 1)] if gather else []
+        out += _ring_rounds(leaders, nbytes, 2)
+        return out + ([([(d, s, m) for s, d, m in gather], 1)] if gather else [])
+    if algorithm == "hierarchical":
+        shards = max(len(h) for h in hosts)
+        inside = [m for h in hosts for m, _ in _ring_rounds(h, nbytes, 1)]
+        inside_moves = [x for m in inside for x in m]
+        steps_in = max(len(h) for h in hosts) - 1
+        cross = []
+        for s in range(shards):
+            holders = [h[s % len(h)] for h in hosts]
+            cross += [x for m, _ in _ring_rounds(holders, nbytes / shards, 2) for x in m]
+        out = [(inside_moves, steps_in)] if steps_in else []
+        out += [(cross, 2 * (len(hosts) - 1))] if len(hosts) > 1 else []
+        return out + out[:1] if steps_in else out
+    if algorithm in ("ps", "ps-local"):
+        lead = [h[0] for h in hosts] if algorithm == "ps-local" else list(range(n))
+        gather = [(r, h[0], nbytes) for h in hosts for r in h[1:]] if algorithm == "ps-local" else []
+        both = [(w, lead[0], nbytes) for w in lead[1:]] + [(lead[0], w, nbytes) for w in lead[1:]]
+        spread = [(d, s, m) for s, d, m in gather]
+        return [(r, 1) for r in (gather, both, spread) if r]
+    if algorithm == "tree":
+        out, mask = [], 1
+        while mask < n:
+            out.append(([(r, r - mask, nbytes) for r in range(n) if r & mask and not r & (mask - 1)], 1))
+            mask <<= 1
+        return out + [([(d, s, m) for s, d, m in moves], 1) for moves, _ in reversed(out)]
+    raise ValueError(f"no two-level model for {algorithm!r} (ring, hierarchical, ps, ps-local, tree)")
+
+
+TWO_LEVEL = ("ring", "hierarchical", "ps", "ps-local", "tree")
+
+
+def predict_two_level(algorithm: str, host_of: list[int], nbytes: float, links: Links) -> float:
+    """Predicted all-reduce time in seconds on this placement: the sum over rounds of the
+    slower level's alpha + beta x busiest link (Thakur, Rabenseifner & Gropp 2005, with the
+    host boundary of Sack & Gropp's two-level model, "Collective algorithms for multiported
+    torus networks", TOPC 2015, sec. 2) plus the crowding wait per round.  The ps family
+    adds the return of its last pipeline segment, as `predict` does."""
+    total = sum(_round_time(moves, host_of, links) * times
+                for moves, times in rounds(algorithm, host_of, nbytes))
+    if algorithm in ("ps", "ps-local") and len(set(host_of)) > 1:
+        from psrt.collectives.ps import PIPELINE_BYTES
+        lead = [h[0] for h in _by_host(host_of)] if algorithm == "ps-local" else range(len(host_of))
+        remote = sum(1 for r in lead if host_of[r] != host_of[0])
+        total += remote * min(PIPELINE_BYTES, nbytes) * links.inter.beta_s_per_byte
+    return total

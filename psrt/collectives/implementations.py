@@ -8,7 +8,7 @@ alltoallv `fn(comm, send, send_elems, recv, recv_elems)`.
 """
 from __future__ import annotations
 
-from psrt.collectives import alltoall, native, ps, recursive, ring, torch_backend, tree
+from psrt.collectives import alltoall, hierarchical, native, ps, recursive, ring, torch_backend, tree
 from psrt.collectives.layout import even_counts
 
 ALLREDUCE = {
@@ -17,14 +17,17 @@ ALLREDUCE = {
     "halving-doubling": recursive.allreduce_halving_doubling,
     "tree": tree.allreduce,
     "ps": ps.allreduce,
+    "hierarchical": hierarchical.allreduce,
     "native": native.allreduce,
     "torch": torch_backend.allreduce,
 }
 REDUCE_SCATTER = {"ring": ring.reduce_scatter, "ps": ps.reduce_scatter,
-                  "native": native.reduce_scatter, "torch": torch_backend.reduce_scatter}
-ALLGATHER = {"ring": ring.allgather, "ps": ps.allgather, "native": native.allgather,
+                  "hierarchical": hierarchical.reduce_scatter, "native": native.reduce_scatter, "torch": torch_backend.reduce_scatter}
+ALLGATHER = {"ring": ring.allgather, "ps": ps.allgather, "hierarchical": hierarchical.allgather,
+             "native": native.allgather,
              "torch": torch_backend.allgather}
-BROADCAST = {"tree": tree.broadcast, "ps": ps.broadcast, "native": native.broadcast,
+BROADCAST = {"tree": tree.broadcast, "ps": ps.broadcast, "hierarchical": hierarchical.broadcast,
+             "native": native.broadcast,
              "torch": torch_backend.broadcast}
 REDUCE = {"tree": tree.reduce, "ps": ps.reduce, "native": native.reduce,
           "torch": torch_backend.reduce}

@@ -36,7 +36,23 @@ class Tuning:
             raise PsrtError(f"tuning table {path}: cannot read it ({err})") from err
         return cls(tables=tables, source=str(path))
 
-    def choose(self, collective: str, nbytes: int, world_size: int, allowed) -> str:
+    def choose(self, collective: str, nbytes: int, world_size: int, allowed, hosts: tuple = ()) -> str:
+        """The table's algorithm for one host; on several hosts, `hosts` giving the ranks on
+        each, 'hierarchical' where the two-level model (cost.predict_two_level) has it beat
+        the table's choice, priced as the flat ring unless it is ps or tree."""
+        flat = self._flat(collective, nbytes, world_size, allowed)
+        if len(hosts) < 2 or max(hosts) < 2 or "hierarchical" not in allowed:
+            return flat
+        from psrt.collectives import cost
+        host_of = [h for h, n in enumerate(hosts) for _ in range(n)]
+        links = cost.Links(cost.DEFAULT_LINKS.intra, cost.DEFAULT_LINKS.inter,
+                           crowd=max(1.0, max(hosts) / (os.cpu_count() or 1)))
+        model = flat if flat in cost.TWO_LEVEL else "ring"
+        faster = (cost.predict_two_level("hierarchical", host_of, nbytes, links)
+                  < cost.predict_two_level(model, host_of, nbytes, links))
+        return "hierarchical" if faster else flat
+
+    def _flat(self, collective: str, nbytes: int, world_size: int, allowed) -> str:
         per_n = self.tables.get(collective)
         if not per_n:
             return "native"

@@ -35,6 +35,7 @@ OPTION_TAKERS = {
     "servers": ("ps", "ps-sharded", "ps-async"),
     "staleness": ("ps", "ps-sharded", "ps-async"),
     "offload_optimizer": ("zero1", "zero2", "zero3", "zero"),
+    "local_aggregation": ("ps", "ps-sharded"),
 }
 
 # --compress: the dtypes gradients may travel in (psrt.dp.common.COMPRESS maps them).

@@ -39,11 +39,16 @@ class PSOptions:
         is a dedicated server (no forward/backward; it calls `serve()`).
     staleness: must be 0 or None (use ps-async for bounded staleness).
     timeout_s: how long any wait may last before it becomes an error naming the missing ranks
-        (default PSRT_TIMEOUT); the normal exit of every receive loop is the DONE sentinel."""
+        (default PSRT_TIMEOUT); the normal exit of every receive loop is the DONE sentinel.
+    local_aggregation: the workers of each host first sum their gradients on the host's first
+        rank, which alone pushes to the server and hands the parameters on (BytePS's local
+        aggregation, Jiang et al., OSDI 2020): the server's link carries (hosts - 1) x M
+        each way instead of (N - 1) x M.  One server, rank 0 (--servers 0)."""
 
     servers: int | None = None
     staleness: int | None = None
     timeout_s: float | None = None
+    local_aggregation: bool = False
 
 
 class ParameterServer(DataParallel):
@@ -72,6 +77,8 @@ class ParameterServer(DataParallel):
             if scaled_shards else MPI.COMM_NULL
         self._step = 0
         self._finished = False
+        self.host = LocalAggregation(self.pcomm, self.server_ranks, self.name) \
+            if getattr(self.options, "local_aggregation", False) else None
         self.init_bytes = broadcast_initial(self.pcomm, self.flat, self.timeout_s, self.name)
         dtype = self.flat.dtype
         self.server_scaler = None
@@ -81,7 +88,8 @@ class ParameterServer(DataParallel):
         if self.shard is not None:
             lo, hi = self.ranges[self.shard]
             self.holder = self._make_holder(lo, hi)    # after the sync: starts from rank 0's model
-            self._active = {w for w in self.worker_ranks if w != self.rank}  # remote workers
+            # remote workers, or with local aggregation the other hosts' first ranks
+            self._active = {w for w in (self.host.leaders if self.host else self.worker_ranks) if w != self.rank}
             self._inbox = {w: Wire(hi - lo, dtype) for w in self._active}
             self._out = Wire(hi - lo, dtype)
             self._acc = self._out.data.clone()
@@ -141,6 +149,10 @@ class ParameterServer(DataParallel):
             wire = self._push[s]
             self.flat.grads_into(wire.data, *self.ranges[s])
             fill_push(wire, self._step, loss, self.scaler)
+            if self.host is not None:
+                sent += self.host.gather(wire)
+                if not self.host.leader:
+                    break
             if srv != self.rank:
                 # Post the receive for the answer before pushing, so it is never unexpected.
                 reqs.append(self.pcomm.Irecv(self._pull[s].msg(), srv, TAG_PULL))
@@ -156,6 +168,8 @@ class ParameterServer(DataParallel):
                      f"parameters from server rank(s) {self._servers_of(reqs, p)} for step "
                      f"{self._step} after {self.timeout_s:.0f} s")
         answers = [self._out if srv == self.rank else self._pull[s] for s, srv in enumerate(self.server_ranks)]
+        if self.host is not None:
+            self.host.spread(answers[0])
         with trace.span("load parameters", "compute"):
             for s, (srv, src) in enumerate(zip(self.server_ranks, answers)):
                 if int(src.head[0]) != self._step:
@@ -233,6 +247,8 @@ class ParameterServer(DataParallel):
         t0 = now()
         with self.tracer.span("server: reduce", "server", workers=len(parts)):
             avg = average_in_order(parts, self._acc)
+            if self.host is not None:          # parts are hosts' sums: the mean is over workers
+                avg.mul_(len(parts) / self.num_workers)
             skip = self._unscale(avg, heads)
         with self.tracer.span("optimizer", "server", skipped=bool(skip)):
             if skip:
@@ -241,7 +257,7 @@ class ParameterServer(DataParallel):
                 self.holder.apply(avg, self._out.data)
         update_s = now() - t0
         self._out.head[0] = next(iter(steps.values()))
-        self._out.head[1] = sum(losses) / len(losses)          # rank order, like the gradients
+        self._out.head[1] = sum(losses) / (self.num_workers if self.host else len(losses))   # rank order
         self._out.head[FOUND] = float(skip)
         self._out.head[SCALE] = self.server_scaler.scale if self.server_scaler else 1.0
         send = [self.pcomm.Isend(self._out.msg(), w, TAG_PULL) for w in contributors if w != self.rank]
@@ -302,12 +318,14 @@ class ParameterServer(DataParallel):
         if self.is_worker:
             reqs = []
             for s, srv in enumerate(self.server_ranks):
-                if srv != self.rank:
+                if srv != self.rank and (self.host is None or self.host.leader):
                     self._push[s].head[0] = self._step
                     reqs.append(self.pcomm.Isend(self._push[s].head_msg(), srv, TAG_DONE))
             wait_all(reqs, self.timeout_s, lambda p: f"--dp {self.name} worker rank {self.rank}: "
                      f"servers did not take the DONE sentinel within {self.timeout_s:.0f} s")
         self.serve()
+        if self.host is not None:
+            self.host.free()
         if self.scomm != MPI.COMM_NULL:
             self.scomm.Free()
         self.pcomm.Free()
@@ -357,3 +375,41 @@ class ParameterServer(DataParallel):
                 raise PsrtError(f"{where}: the checkpoint has no server state (optimizer); load "
                                 "each rank's own state_dict")
             self.holder.load_state_dict(ps["server"], where)
+
+
+class LocalAggregation:
+    """The ranks of this rank's host (psrt.world.host_key) within the strategy's group: its
+    first rank sums their pushes and hands the server's answer back to them."""
+
+    def __init__(self, comm, server_ranks: list[int], name: str):
+        from psrt.collectives.hierarchical import Placement
+        from psrt.world import host_key
+        if server_ranks != [0]:
+            raise PsrtError(f"--dp {name} --local-aggregation: needs rank 0 as the one server "
+                            f"(--servers 0), not ranks {server_ranks}", everywhere=True)
+        placement = Placement.from_keys(comm.allgather(host_key()))
+        rank = comm.Get_rank()
+        self.leaders = [r for r, j in enumerate(placement.local_of) if j == 0]
+        self.comm = comm.Split(placement.host_of[rank], rank)
+        self.leader = self.comm.Get_rank() == 0
+
+    def gather(self, wire) -> int:
+        """Sum the host's gradients and losses into the first rank's wire (other header
+        fields are equal on every worker); returns the bytes this rank sent."""
+        from psrt.collectives import native
+        if self.comm.Get_size() == 1:
+            return 0
+        native.reduce(self.comm, wire.data, 0, "sum")
+        losses = self.comm.reduce(float(wire.head[1]), op=MPI.SUM, root=0)
+        if self.leader:
+            wire.head[1] = losses
+            return 0
+        return wire.data.numel() * wire.data.element_size()
+
+    def spread(self, answer) -> None:
+        """The server's answer (parameters and header) from the first rank to the others."""
+        if self.comm.Get_size() > 1:
+            self.comm.Bcast(answer.msg(), 0)
+
+    def free(self) -> None:
+        self.comm.Free()

@@ -55,6 +55,8 @@ class TrainConfig:
     servers: int | None = opt(None, "dedicated parameter-server ranks (0: rank 0 serves and trains).  "
                               "Default: the strategy's own (0 for ps and ps-sharded, 1 for ps-async)",
                               "strategy", metavar="S")
+    local_aggregation: bool = opt(False, "ps: each host's ranks sum their gradients on its first rank, "
+                                  "which alone talks to the server (BytePS's local aggregation)", "strategy")
     offload_optimizer: bool | None = opt(None, "keep the optimizer state and the fp32 master copy "
                                          "of this rank's parameters in host memory and update there "
                                          "(ZeRO-Offload; for CUDA models)", "strategy")

@@ -44,18 +44,18 @@ def not_covered(pp: int, tp: int, model: str) -> str | None:
 def measure(world, ctl) -> dict | None:
     """Fit alpha and beta between rank 0 and a rank on another host (collective over ctl);
     the link description on rank 0, None elsewhere and on one rank."""
-    from mpi4py import MPI
-    hosts = ctl.allgather(world.hostname)
+    from psrt.world import host_key
+    hosts = ctl.allgather(host_key(world.hostname))
     if ctl.size < 2:
         return None
     peer = next((r for r, h in enumerate(hosts) if h != hosts[0]), 1)
-    pair = ctl.Split(0 if ctl.rank in (0, peer) else MPI.UNDEFINED, key=0 if ctl.rank == 0 else 1)
-    if pair == MPI.COMM_NULL:
-        return None
     # A busy host can make a larger message look no slower than a smaller one: measure_fit
     # measures again, and if it stays so the prediction is left out, saying why.
-    _, fit, why = measure_fit(pair, SIZES, repeats=3, min_time_s=0.02, attempts=ATTEMPTS)
-    pair.Free()
+    fit, why = _pair_fit(ctl, peer)
+    # The two-level model also needs two ranks of one host, where hosts hold several.
+    several = len(set(hosts)) > 1
+    near = next((r for r in range(1, ctl.size) if hosts[r] == hosts[0]), None) if several else None
+    intra = _pair_fit(ctl, near)[0] if near is not None else None
     if ctl.rank != 0:
         return None
     if fit is None:
@@ -67,7 +67,20 @@ def measure(world, ctl) -> dict | None:
             "between": f"rank 0 ({hosts[0]}) <-> rank {peer} ({hosts[peer]})",
             "hosts": len(names), "ranks": ctl.size, "cores": os.cpu_count() or 1,
             "per_host": max(hosts.count(h) for h in names),
-            "host_of": list(range(ctl.size)) if one_host else [names.index(h) for h in hosts]}
+            "host_of": list(range(ctl.size)) if one_host else [names.index(h) for h in hosts],
+            "placement": [names.index(h) for h in hosts],
+            "intra": None if intra is None else (intra.alpha_s, intra.beta_s_per_byte)}
+
+
+def _pair_fit(ctl, peer: int):
+    """(fit, why) of a ping-pong between rank 0 and `peer` (collective over ctl)."""
+    from mpi4py import MPI
+    pair = ctl.Split(0 if ctl.rank in (0, peer) else MPI.UNDEFINED, key=0 if ctl.rank == 0 else 1)
+    if pair == MPI.COMM_NULL:
+        return None, None
+    _, fit, why = measure_fit(pair, SIZES, repeats=3, min_time_s=0.02, attempts=ATTEMPTS)
+    pair.Free()
+    return fit, why
 
 
 def annotate(rows: list[dict], link: dict, servers: int | None) -> None:
@@ -113,11 +126,27 @@ def describe(rows: list[dict]) -> str:
     ring = next((r for r in rows if "crossover_vs" in r), None)
     if ring is not None:
         lines.append(crossover_line(ring, rows))
+    if link.get("intra") and link["hosts"] > 1:
+        lines.append(two_level_line(link, rows[0]["grad_bytes"]))
     far = [r for r in rows if r.get("pred_comm_s")
            and r["comm_s"] / max(r.get("steps_run", r["steps"]), 1) > 2 * r["pred_comm_s"]]
     if far:
         lines.append(why_far(far, link))
     return "\n".join(lines)
+
+
+def two_level_line(link: dict, nbytes: float) -> str:
+    """The two-level model's all-reduce time of this run's gradients on its placement, for
+    each algorithm it covers (psrt.collectives.cost.predict_two_level), fastest first."""
+    intra = cost.Fit(*link["intra"], 1.0)
+    inter = cost.Fit(link["alpha_s"], link["beta_s_per_byte"], 1.0)
+    crowd = max(1.0, link["per_host"] / link["cores"])
+    links = cost.Links(intra, inter, crowd)
+    times = sorted((cost.predict_two_level(a, link["placement"], nbytes, links), a) for a in cost.TWO_LEVEL)
+    listing = ", ".join(f"{a} {duration(t)}" for t, a in times)
+    return (f"two-level model (inside a host: alpha {intra.alpha_s * 1e6:.1f} us, "
+            f"{1 / intra.beta_s_per_byte / 1e6:.0f} MB/s; {crowd:.1f} ranks per core): all-reduce of "
+            f"{fmt_bytes(nbytes)}: {listing}")
 
 
 def duration(seconds: float | None) -> str | None:

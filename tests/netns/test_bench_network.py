@@ -69,3 +69,25 @@ def test_demo_shows_the_ring_winning_on_emulated_hosts(tmp_path):
     losses = {dp: [json.loads(x)["loss"] for x in (tmp_path / f"metrics.{dp}.jsonl").read_text().splitlines()
                    if '"summary"' not in x] for dp in ("ps", "ring")}
     assert len(losses["ps"]) == 3 and losses["ps"] == pytest.approx(losses["ring"], rel=1e-5)
+
+
+@netns
+@pytest.mark.mpi
+@pytest.mark.netns
+def test_network_hosts_of_several_ranks_run_hierarchical_beside_its_two_level_model(tmp_path):
+    """2 emulated hosts of 2 ranks at 1 Gbit/s: hierarchical is right, has a two-level
+    prediction from a ping-pong inside a host and one between hosts, and its host links
+    carried the data (4 MiB cannot cross 1 Gbit/s in less than 34 ms)."""
+    out = tmp_path / "net.json"
+    proc = _bench("network", "--rates", "1gbit", "--hosts", "2", "--layouts", "2x2", "--size", "4MiB",
+                  "--no-floor", "--repeats", "1", "--warmup", "0", "--quiet", "--prefix", "psrt-l",
+                  "--subnet", "198.18.11.0/24", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    payload = json.loads(out.read_text())
+    t = {(r["layout"], r["algorithm"]): r for r in payload["rows"]}
+    assert all(r["wrong"] == 0 for r in payload["rows"])
+    assert set(payload["fits"]) == {"1gbit/1", "1gbit/2", "1gbit/2/intra"}
+    row = t[("2x2", "hierarchical")]
+    assert row["two_level_s"] > 0 and row["measured_s"] > 0.034
+    assert not [ns for ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+                if ns.startswith("psrt-l")]

@@ -1,0 +1,53 @@
+"""The hierarchical schedule's data (placement, block order) and the two-level model, without
+MPI: every block travels once, the host links carry what the docs say, and 'auto' on one host
+chooses exactly what the tuning table says."""
+import pytest
+
+from psrt.collectives import cost, hierarchical as H
+from psrt.collectives.algorithms import ALGORITHMS
+from psrt.collectives.cost import link_load
+from psrt.collectives.tuning import Tuning
+
+M = 16 << 20
+
+
+def test_placement_numbers_hosts_by_their_lowest_rank():
+    p = H.Placement.from_keys(["b", "a", "b", "c", "b", "a"])
+    assert p.host_of == (0, 1, 0, 2, 0, 1)
+    assert p.sizes == (3, 2, 1) and p.local_of == (0, 0, 1, 0, 2, 1) and p.shards == 3
+    assert p.rank_at(0, 2) == 4 and p.rank_at(2, 1) is None
+
+
+@pytest.mark.parametrize("keys", [[0, 0, 0, 0, 1, 1, 1, 1], [0, 1, 0, 2, 0, 1], [0, 1, 2, 3], [5] * 3])
+def test_every_host_orders_every_block_once_by_holder(keys):
+    p = H.Placement.from_keys(keys)
+    block, _ = H._even_blocks(p, 1000)
+    for host in range(p.hosts):
+        order, counts, start = H._plan(p, host, block)
+        assert sorted(order) == sorted(block) and sum(counts) == 1000
+        assert len(counts) == p.sizes[host] and set(start) == set(range(p.shards))
+
+
+def test_two_hosts_of_four_put_m_on_the_link_where_the_flat_ring_puts_175_m():
+    host_of = [0] * 4 + [1] * 4
+    flat = sum(link_load(m, host_of) * k for m, k in cost.rounds("ring", host_of, M))
+    two = sum(link_load(m, host_of) * k for m, k in cost.rounds("hierarchical", host_of, M))
+    assert flat == pytest.approx(1.75 * M) and two == pytest.approx(1.0 * M)
+    links = cost.Links(cost.Fit(5e-6, 1 / 3e9, 1), cost.Fit(50e-6, 1 / 120e6, 1))
+    assert cost.predict_two_level("hierarchical", host_of, M, links) < cost.predict_two_level("ring", host_of, M, links)
+    # crowding charges each sequential step: the flat ring pays 14 waits
+    crowded = cost.Links(links.intra, links.inter, crowd=4.0)
+    assert cost.predict_two_level("ring", host_of, M, crowded) > cost.predict_two_level("ring", host_of, M, links) \
+        + 14 * crowded.step_wait() - 1e-9
+
+
+def test_auto_on_one_host_is_the_table_and_on_several_hosts_hierarchical():
+    tuning = Tuning.load()
+    for coll in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
+        for n in (2, 4, 8):
+            for m in (8, 4096, 1 << 20, 16 << 20, 256 << 20):
+                allowed = ALGORITHMS[coll]
+                assert tuning.choose(coll, m, n, allowed, (n,)) == tuning._flat(coll, m, n, allowed)
+                assert tuning.choose(coll, m, n, allowed) == tuning._flat(coll, m, n, allowed)
+    assert tuning.choose("allreduce", M, 8, ALGORITHMS["allreduce"], (4, 4)) == "hierarchical"
+    assert tuning.choose("allreduce", M, 8, ALGORITHMS["allreduce"], (1,) * 8) != "hierarchical"

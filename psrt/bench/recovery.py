@@ -90,7 +90,9 @@ def one(dp: str, hosts: int, per_host: int, steps: int, kill_at: int, batch: int
                 proc.kill()
                 proc.wait()
     if code != 0:
-        raise PsrtError(f"--dp {dp}: the restarted run ended with exit {code} (see {folder / (dp + '.log')})")
+        said = [line for line in (folder / f"{dp}.log").read_text().splitlines() if "error:" in line]
+        raise PsrtError(f"--dp {dp}: the restarted run ended with exit {code}"
+                        + (f": {said[-1].strip()}" if said else ""))
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     back = next(r for r in rows if "restart" in r)
     survivors = (hosts - 1) * per_host

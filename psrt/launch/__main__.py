@@ -13,7 +13,7 @@ import shutil
 import sys
 
 from psrt.errors import ArgumentParser, PsrtError, cli_main
-from psrt.launch import cluster
+from psrt.launch import cluster_cli
 from psrt.launch.hostfile import parse_hostfile, parse_hosts
 from psrt.launch.mpi import find_mpirun, mpi_flavour, resolve_program, run_job
 from psrt.launch.plan import FLAVOURS, ROOT, Request, plan_mpirun, plan_srun
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.path.isabs(mpirun):   # Open MPI will change the ranks' PATH: pin the program
             req = dataclasses.replace(req, command=resolve_program(req.command))
     if args.emulate:
-        return cluster.launch(req, flavour, mpirun, env, cores, args, dry_run=args.dry_run,
+        return cluster_cli.launch(req, flavour, mpirun, env, cores, args, dry_run=args.dry_run,
                               restarting=lambda r, start, probe: restarting(r, start, cores, args, env, probe))
     if args.rate or args.delay or args.subnet:
         raise PsrtError("--rate, --delay and --subnet shape the emulated cluster: add --emulate")

@@ -19,7 +19,6 @@ without mpi_yield_when_idle, 14 us with it).
 """
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import json
 import os
@@ -28,7 +27,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -36,20 +34,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from psrt import env as psrt_env
-from psrt.errors import ArgumentParser, PsrtError, cli_main
+from psrt.errors import PsrtError
 from psrt.launch import slurm
-from psrt.launch.hostfile import is_local, parse_hostfile, parse_hosts
-from psrt.launch.restart import answers
-from psrt.launch.mpi import find_mpirun, mpi_flavour, run_job
-from psrt.launch.plan import ROOT, plan_mpirun
+from psrt.launch.hostfile import is_local
+from psrt.launch.plan import ROOT
+# re-exported: how MPI is told to use the emulated hosts
+from psrt.launch.emulated_mpi import AGENT, IFACE, mpi_env, mpi_flags  # noqa: F401
 
-AGENT = ROOT / "scripts" / "netns_agent"
 SSH_DIR = ROOT / "scripts" / "netns_ssh"   # holds `ssh`, a link to AGENT
 ALLOWED = ipaddress.ip_network("198.18.0.0/15")
 DEFAULT_SUBNET = "198.18.0.0/24"
 STATE_DIR = Path("/run/psrt-cluster")
 NETNS_ETC = Path("/etc/netns")
-IFACE = "eth0"  # each host's link, as on a real machine
 _HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,59}$")
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$", re.I)
 _DELAY = re.compile(r"^\d+(?:\.\d+)?(?:us|usec|ms|msec|s|sec)$", re.I)
@@ -159,68 +155,6 @@ def existing_namespaces() -> set[str]:
 def exec_argv(host: str, argv) -> list[str]:
     """argv that runs `argv` on `host` through the agent (which, like ssh, re-parses it)."""
     return [str(AGENT), host] + [shlex.quote(a) for a in argv]
-
-
-def mpi_flags(cluster: Cluster, flavour: str) -> list[str]:
-    """Launcher flags that start the daemons through the agent and keep MPI's traffic
-    between hosts on the emulated links."""
-    if flavour == "mpich":
-        launch, transport = _hydra_settings()
-        return [x for flag, _, value in launch for x in (flag, value)] + \
-            [x for k, v in transport.items() for x in ("-genv", k, v)]
-    return [x for k, v in _openmpi_params(cluster, flavour) for x in (_flag(k), _name(k), v)]
-
-
-def mpi_env(cluster: Cluster, flavour: str) -> dict:
-    """The same settings as environment variables, for a plain `mpirun` typed by the user."""
-    if flavour == "mpich":
-        launch, transport = _hydra_settings()
-        return {**{var: value for _, var, value in launch}, **transport}
-    env = {f"{'PRTE' if k.startswith('prte:') else 'OMPI'}_MCA_{_name(k)}": v
-           for k, v in _openmpi_params(cluster, flavour)}
-    # Root is the norm inside an emulated cluster (making it needs root).
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               PRTE_ALLOW_RUN_AS_ROOT="1", PRTE_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    return env
-
-
-def _flag(key: str) -> str:
-    return "--prtemca" if key.startswith("prte:") else "--mca"
-
-
-def _name(key: str) -> str:
-    return key.split(":", 1)[-1]
-
-
-def _openmpi_params(cluster: Cluster, flavour: str) -> list[tuple[str, str]]:
-    if not flavour.startswith("openmpi"):
-        raise PsrtError(f"the emulated cluster drives Open MPI and MPICH, not {flavour}")
-    # Open MPI 5 moved the launcher's settings to PRRTE (plm_ssh_*, --prtemca).
-    rte = "prte:plm_ssh" if flavour == "openmpi5" else "plm_rsh"
-    oob = "prte:oob_tcp_if_include" if flavour == "openmpi5" else "oob_tcp_if_include"
-    return [
-        (f"{rte}_agent", str(AGENT)),
-        # Every daemon is started from mpirun's namespace, not by another daemon.
-        (f"{rte}_no_tree_spawn", "1"),
-        # ob1 is the messaging layer that uses the BTLs below; the UCX or OFI ones, picked
-        # first where their hardware is found, would bypass them.
-        ("pml", "ob1"),
-        # TCP between hosts; without this, ranks that share a kernel could use shared memory.
-        ("btl", "self,tcp"),
-        ("btl_tcp_if_include", cluster.subnet),
-        (oob, cluster.subnet),
-    ]
-
-
-def _hydra_settings() -> tuple[list[tuple[str, str, str]], dict]:
-    """MPICH's Hydra: ([(flag, environment variable, value)], transport variables)."""
-    launch = [("-launcher", "HYDRA_LAUNCHER", "ssh"),
-              ("-launcher-exec", "HYDRA_LAUNCHER_EXEC", str(AGENT)),
-              ("-iface", "HYDRA_IFACE", IFACE)]
-    # MPICH's UCX and libfabric layers carry shared-memory transports of their own, which
-    # see one machine and reach across the namespaces: only TCP may carry MPI's traffic.
-    transport = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": IFACE, "FI_PROVIDER": "tcp"}
-    return launch, transport
 
 
 # --- up / down --------------------------------------------------------------------------------
@@ -494,149 +428,3 @@ def job_env(cluster: Cluster, flavour: str, env) -> dict:
     if yield_ is not None and flavour.startswith("openmpi"):
         out["OMPI_MCA_mpi_yield_when_idle"] = yield_
     return slurm.env(cluster, out) if cluster.slurm else out
-
-
-# --- entry points -----------------------------------------------------------------------------
-
-def launch(req, flavour: str, mpirun: str, env, cores: int, args, dry_run: bool = False,
-           restarting=None) -> int:
-    """`mpi_launch --emulate`: run the planned mpirun on the first host of a fresh cluster.
-
-    `restarting(req, start, probe)`, when given, runs `start` and starts it again after a
-    failure (psrt.launch.restart); `probe` asks a host the way the cluster's MPI reaches it."""
-    cluster = Cluster(tuple(h.name for h in req.hosts), args.subnet or DEFAULT_SUBNET,
-                      args.rate, args.delay)
-
-    def planned(request, job_env):
-        return plan_mpirun(request, flavour, mpirun, job_env, cores,
-                           emulation=mpi_flags(cluster, flavour), dry_run=dry_run)
-    plan = planned(req, env)
-    for note in plan.notes:
-        print(f"mpi_launch: {note}", file=sys.stderr, flush=True)
-    if dry_run:
-        for line in cluster.describe():
-            print(f"# {line}")
-        print(shlex.join(exec_argv(cluster.hosts[0], plan.argv)))
-        return 0
-
-    def start(request, extra):
-        job_env = {**env, **extra}
-        p = planned(request, job_env) if extra else plan
-        # mpirun runs on the first host of this attempt (a lost first host is left out)
-        return run_job(exec_argv(request.hosts[0].name, p.argv), {**job_env, **p.env},
-                       quiet_exit=flavour.startswith("openmpi"))
-    with running(cluster):
-        if restarting is None:
-            return start(req, {})
-        return restarting(req, start, probe=lambda host: answers(host, ssh=str(SSH_DIR / "ssh")))
-
-
-def _cluster_from(args) -> Cluster:
-    hosts = parse_hosts(args.hosts) if args.hosts else parse_hostfile(args.hostfile)
-    return Cluster(tuple(h.name for h in hosts), args.subnet, args.rate, args.delay,
-                   getattr(args, "slurm", False), tuple(h.slots for h in hosts))
-
-
-def _parser() -> ArgumentParser:
-    p = ArgumentParser(prog="python -m psrt.cluster",
-                                description="Emulate a cluster with network namespaces (root).")
-    sub = p.add_subparsers(dest="action", required=True)
-
-    def shape_opts(sp, hosts_required=True):
-        where = sp.add_mutually_exclusive_group(required=hosts_required)
-        where.add_argument("--hostfile", help="one host per entry (e.g. hostfiles/two_nodes)")
-        where.add_argument("--hosts", help="host,host,... instead of a hostfile")
-        sp.add_argument("--subnet", default=DEFAULT_SUBNET,
-                        help=f"inside 198.18.0.0/15 (default {DEFAULT_SUBNET})")
-        sp.add_argument("--rate", help="bandwidth of every host's link, tc syntax (1gbit)")
-        sp.add_argument("--delay", help="one-way delay of every host's link (1ms; needs netem)")
-
-    def slurm_opt(sp):
-        sp.add_argument("--slurm", action="store_true",
-                        help="also run Slurm: munge, slurmctld on the first host, a slurmd per host")
-
-    up_ = sub.add_parser("up", help="create the cluster and leave it up")
-    shape_opts(up_)
-    slurm_opt(up_)
-    run = sub.add_parser("run", help="create, run a command on the first host, remove")
-    shape_opts(run)
-    slurm_opt(run)
-    run.add_argument("command", nargs=argparse.REMAINDER)
-    ex = sub.add_parser("exec", help="run a command on a host of a cluster that is up")
-    ex.add_argument("host")
-    ex.add_argument("command", nargs=argparse.REMAINDER)
-    dn = sub.add_parser("down", help="remove clusters (default: every one no process owns)")
-    shape_opts(dn, hosts_required=False)
-    dn.add_argument("--force", action="store_true", help="also those a running job owns")
-    sub.add_parser("status", help="list the clusters that are up")
-    for action, what in (("fail", "emulate a lost host: kill everything on it and take its link down"),
-                         ("revive", "bring a failed host's link back up")):
-        sub.add_parser(action, help=what).add_argument("host")
-    return p
-
-
-def _command(args) -> list[str]:
-    cmd = list(args.command)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
-    if not cmd:
-        raise PsrtError(f"{args.action}: no command given (put it after --)")
-    return cmd
-
-
-def _flavour() -> str:
-    return mpi_flavour(find_mpirun())
-
-
-@cli_main("psrt.cluster")
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.action == "status":
-        for cluster, owner in recorded():
-            who = f"owned by pid {owner}" if owner else "up until `down`"
-            print(f"{cluster.describe()[0]} ({who})")
-        return 0
-    if args.action == "down":
-        if args.hostfile or args.hosts:
-            targets = [_cluster_from(args)]
-        else:
-            targets = [c for c, owner in recorded()
-                       if args.force or owner is None or not _alive(owner)]
-        require_netns()
-        for cluster in targets:
-            gone = down(cluster)
-            print(f"removed {', '.join(gone) or 'nothing left'} ({', '.join(cluster.hosts)})")
-        return 0
-    if args.action == "up":
-        cluster = _cluster_from(args)
-        up(cluster)
-        print(cluster.describe()[0])
-        launcher = slurm.srun_hint(cluster) if cluster.slurm else "mpirun"
-        print(f"run: python -m psrt.cluster exec {cluster.hosts[0]} -- {launcher} ...; "
-              "remove: python -m psrt.cluster down")
-        return 0
-    if args.action in ("fail", "revive"):
-        if not any(args.host in c.hosts for c, _ in recorded()):
-            raise PsrtError(f"no emulated cluster is up with a host {args.host!r} "
-                            "(python -m psrt.cluster status)")
-        (fail if args.action == "fail" else revive)(args.host)
-        print(f"{args.host}: {'lost (processes killed, link down)' if args.action == 'fail' else 'link up'}")
-        return 0
-    if args.action == "exec":
-        cmd = _command(args)
-        owners = [c for c, _ in recorded() if args.host in c.hosts]
-        if not owners:
-            raise PsrtError(f"no emulated cluster is up with a host {args.host!r} "
-                            "(python -m psrt.cluster status)")
-        env = job_env(owners[0], _flavour(), os.environ)
-        return run_job(exec_argv(args.host, cmd), env)
-    # run
-    cmd = _command(args)
-    cluster = _cluster_from(args)
-    env = job_env(cluster, _flavour(), os.environ)
-    with running(cluster):
-        return run_job(exec_argv(cluster.hosts[0], cmd), env)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -20,6 +20,7 @@ import pytest
 
 from psrt.errors import PsrtError
 from psrt.launch import cluster as C
+from psrt.launch import cluster_cli as CLI
 from psrt.launch.hostfile import parse_hosts
 from psrt.launch.plan import Request, plan_mpirun
 
@@ -267,19 +268,19 @@ def test_existing_namespace_is_refused_and_left_alone(names):
 def test_cli_up_status_exec_down(names, capfd):
     hosts, subnet = names(2)
     spec = ["--hosts", ",".join(hosts), "--subnet", subnet]
-    assert C.main(["up", *spec, "--rate", "100mbit"]) == 0
+    assert CLI.main(["up", *spec, "--rate", "100mbit"]) == 0
     qdisc = subprocess.run(["tc", "-n", hosts[1], "qdisc", "show", "dev", C.IFACE],
                            capture_output=True, text=True).stdout
     assert "tbf" in qdisc and "rate 100Mbit" in qdisc
-    assert C.main(["status"]) == 0
+    assert CLI.main(["status"]) == 0
     assert f"{hosts[0]} ({C.Cluster(hosts, subnet).address(hosts[0])})" in capfd.readouterr().out
     # On a host: its own name, the others' addresses by name, only our link.
-    assert C.main(["exec", hosts[1], "--", "sh", "-c",
+    assert CLI.main(["exec", hosts[1], "--", "sh", "-c",
                    f"hostname; getent hosts {hosts[0]}; ls /sys/class/net"]) == 0
     out = capfd.readouterr().out.split()
     assert out[0] == hosts[1] and out[1:3] == [C.Cluster(hosts, subnet).address(hosts[0]), hosts[0]]
     assert sorted(out[3:]) == ["eth0", "lo"]
-    assert C.main(["down", *spec]) == 0
+    assert CLI.main(["down", *spec]) == 0
     assert_gone(C.Cluster(hosts, subnet))
 
 

@@ -8,6 +8,7 @@ import pytest
 from psrt.errors import PsrtError
 from psrt.launch.info import slurm_line
 from psrt.launch import cluster as C
+from psrt.launch import cluster_cli as CLI
 from psrt.launch import slurm
 
 ROOT = slurm.ROOT
@@ -28,12 +29,12 @@ def test_config_names_every_node_at_its_address_with_its_slots_as_cpus():
 
 
 def test_up_takes_slots_from_the_hostfile_and_says_how_to_submit(tmp_path):
-    args = C._parser().parse_args(["up", "--slurm", "--hostfile", str(ROOT / "hostfiles" / "two_nodes")])
-    two = C._cluster_from(args)
+    args = CLI._parser().parse_args(["up", "--slurm", "--hostfile", str(ROOT / "hostfiles" / "two_nodes")])
+    two = CLI._cluster_from(args)
     assert two.slots == (4, 4) and slurm.srun_hint(two) == "srun -N 2 -n 8 --mpi=pmix"
     assert two.describe()[0].endswith("Slurm (slurmctld on node0, a slurmd per host, 4 CPUs each)")
     (tmp_path / "h").write_text("a slots=3\nb slots=1\nc slots=2\n")
-    three = C._cluster_from(C._parser().parse_args(["up", "--slurm", "--hostfile", str(tmp_path / "h")]))
+    three = CLI._cluster_from(CLI._parser().parse_args(["up", "--slurm", "--hostfile", str(tmp_path / "h")]))
     assert slurm.srun_hint(three) == "srun -N 3 -n 6 --mpi=pmix"
     assert three.describe()[0].endswith("a slurmd per host, a 3 CPUs, b 1 CPUs, c 2 CPUs)")
     # the record `down` and `exec` read back keeps them

@@ -1,0 +1,72 @@
+"""How MPI is told to run on the emulated cluster's hosts (psrt/launch/cluster.py): its
+daemons started through the launch agent instead of ssh, its traffic on TCP over the
+emulated links only.  `cluster` below is a psrt.launch.cluster.Cluster."""
+from __future__ import annotations
+
+from psrt.errors import PsrtError
+from psrt.launch.plan import ROOT
+
+AGENT = ROOT / "scripts" / "netns_agent"
+IFACE = "eth0"  # each host's link, as on a real machine
+
+
+def mpi_flags(cluster, flavour: str) -> list[str]:
+    """Launcher flags that start the daemons through the agent and keep MPI's traffic
+    between hosts on the emulated links."""
+    if flavour == "mpich":
+        launch, transport = _hydra_settings()
+        return [x for flag, _, value in launch for x in (flag, value)] + \
+            [x for k, v in transport.items() for x in ("-genv", k, v)]
+    return [x for k, v in _openmpi_params(cluster, flavour) for x in (_flag(k), _name(k), v)]
+
+
+def mpi_env(cluster, flavour: str) -> dict:
+    """The same settings as environment variables, for a plain `mpirun` typed by the user."""
+    if flavour == "mpich":
+        launch, transport = _hydra_settings()
+        return {**{var: value for _, var, value in launch}, **transport}
+    env = {f"{'PRTE' if k.startswith('prte:') else 'OMPI'}_MCA_{_name(k)}": v
+           for k, v in _openmpi_params(cluster, flavour)}
+    # Root is the norm inside an emulated cluster (making it needs root).
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               PRTE_ALLOW_RUN_AS_ROOT="1", PRTE_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return env
+
+
+def _flag(key: str) -> str:
+    return "--prtemca" if key.startswith("prte:") else "--mca"
+
+
+def _name(key: str) -> str:
+    return key.split(":", 1)[-1]
+
+
+def _openmpi_params(cluster, flavour: str) -> list[tuple[str, str]]:
+    if not flavour.startswith("openmpi"):
+        raise PsrtError(f"the emulated cluster drives Open MPI and MPICH, not {flavour}")
+    # Open MPI 5 moved the launcher's settings to PRRTE (plm_ssh_*, --prtemca).
+    rte = "prte:plm_ssh" if flavour == "openmpi5" else "plm_rsh"
+    oob = "prte:oob_tcp_if_include" if flavour == "openmpi5" else "oob_tcp_if_include"
+    return [
+        (f"{rte}_agent", str(AGENT)),
+        # Every daemon is started from mpirun's namespace, not by another daemon.
+        (f"{rte}_no_tree_spawn", "1"),
+        # ob1 is the messaging layer that uses the BTLs below; the UCX or OFI ones, picked
+        # first where their hardware is found, would bypass them.
+        ("pml", "ob1"),
+        # TCP between hosts; without this, ranks that share a kernel could use shared memory.
+        ("btl", "self,tcp"),
+        ("btl_tcp_if_include", cluster.subnet),
+        (oob, cluster.subnet),
+    ]
+
+
+def _hydra_settings() -> tuple[list[tuple[str, str, str]], dict]:
+    """MPICH's Hydra: ([(flag, environment variable, value)], transport variables)."""
+    launch = [("-launcher", "HYDRA_LAUNCHER", "ssh"),
+              ("-launcher-exec", "HYDRA_LAUNCHER_EXEC", str(AGENT)),
+              ("-iface", "HYDRA_IFACE", IFACE)]
+    # MPICH's UCX and libfabric layers carry shared-memory transports of their own, which
+    # see one machine and reach across the namespaces: only TCP may carry MPI's traffic.
+    transport = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": IFACE, "FI_PROVIDER": "tcp"}
+    return launch, transport

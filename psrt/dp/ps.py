@@ -28,7 +28,7 @@ from psrt.dp.common import optimizer_state_bytes
 from psrt.dp.precision import overflowed, split
 from psrt.dp.ps_protocol import (FOUND, SCALE, TAG_DONE, TAG_PULL, TAG_PUSH, FlatParams, ModelShard, Wire,
                                  average_in_order, broadcast_initial, check_staleness, fill_push,
-                                 now, shard_ranges, timeout_option, wait_all)
+                                 first_pushes, now, shard_ranges, timeout_option, wait_all)
 from psrt.dp.roles import Layout, ps_layout
 from psrt.errors import PsrtError
 
@@ -43,12 +43,18 @@ class PSOptions:
     local_aggregation: the workers of each host first sum their gradients on the host's first
         rank, which alone pushes to the server and hands the parameters on (BytePS's local
         aggregation, Jiang et al., OSDI 2020): the server's link carries (hosts - 1) x M
-        each way instead of (N - 1) x M.  One server, rank 0 (--servers 0)."""
+        each way instead of (N - 1) x M.  One server, rank 0 (--servers 0).
+    backup_workers: b > 0: each step the server (rank 0, the one server) takes its own and the
+        first N - 1 - b other workers' gradients and leaves out the b that come last, whose
+        pushes it drops when they arrive; every worker gets the new parameters (Chen et al.,
+        "Revisiting Distributed Synchronous SGD", 2016).  A straggler no longer sets the pace;
+        which gradients are left out depends on timing, so runs are not reproducible."""
 
     servers: int | None = None
     staleness: int | None = None
     timeout_s: float | None = None
     local_aggregation: bool = False
+    backup_workers: int = 0
 
 
 class ParameterServer(DataParallel):
@@ -79,6 +85,8 @@ class ParameterServer(DataParallel):
         self._finished = False
         self.host = LocalAggregation(self.pcomm, self.server_ranks, self.name) \
             if getattr(self.options, "local_aggregation", False) else None
+        self.backup = self._backup_workers()
+        self._posted: dict = {}       # backup workers: receives kept across rounds
         self.init_bytes = broadcast_initial(self.pcomm, self.flat, self.timeout_s, self.name)
         dtype = self.flat.dtype
         self.server_scaler = None
@@ -94,7 +102,7 @@ class ParameterServer(DataParallel):
             self._out = Wire(hi - lo, dtype)
             self._acc = self._out.data.clone()
             self.server_totals = {"rounds": 0, "bytes_sent": 0, "bytes_received": 0,
-                                  "update_s": 0.0}
+                                  "update_s": 0.0, "left_out": 0}
             # A co-located server keeps its own copy of the scale rule's state, so that its
             # worker's update of the shared scaler is not applied twice; each answer lets
             # the workers check that they agree with it.
@@ -213,17 +221,14 @@ class ParameterServer(DataParallel):
         when the server is also a worker."""
         remote = sorted(self._active)
         inbox = self._inbox
-        reqs = [self.pcomm.Irecv(inbox[w].msg(), w, MPI.ANY_TAG) for w in remote]
         with self.tracer.span("server: wait for pushes", "wait", workers=len(remote)):
-            statuses = wait_all(reqs, self.timeout_s, lambda p: (
-                f"--dp {self.name} server rank {self.rank}: no gradient or DONE from worker rank(s) "
-                f"{[remote[i] for i in p]} after {self.timeout_s:.0f} s (a worker stopped without "
-                "calling finish()?)"))
-        tags = {w: st.Get_tag() for w, st in zip(remote, statuses)}
+            tags = self._receive_pushes(remote)
         parts, steps, losses, contributors, heads = [], {}, [], [], []
         for w in sorted(remote + ([self.rank] if own is not None else [])):
             if w == self.rank:
                 wire = own
+            elif w not in tags:               # a backup worker's push, left out this step
+                continue
             elif tags[w] == TAG_DONE:
                 self._active.discard(w)
                 continue
@@ -260,13 +265,38 @@ class ParameterServer(DataParallel):
         self._out.head[1] = sum(losses) / (self.num_workers if self.host else len(losses))   # rank order
         self._out.head[FOUND] = float(skip)
         self._out.head[SCALE] = self.server_scaler.scale if self.server_scaler else 1.0
-        send = [self.pcomm.Isend(self._out.msg(), w, TAG_PULL) for w in contributors if w != self.rank]
+        # with backup workers the ones left out get the parameters too
+        answered = [w for w in remote if w in self._active] if self.backup else contributors
+        send = [self.pcomm.Isend(self._out.msg(), w, TAG_PULL) for w in answered if w != self.rank]
         nbytes = len(send) * self._out.nbytes
         totals = self.server_totals
+        totals["left_out"] += len(answered) - len([w for w in contributors if w != self.rank])
         totals["rounds"] += 1
         totals["bytes_sent"] += nbytes
         totals["update_s"] += update_s
         return send, nbytes, update_s
+
+    def _receive_pushes(self, remote: list[int]) -> dict[int, int]:
+        """{worker: tag} of this round's pushes (or DONE): all of them, or with backup workers
+        the first len(remote) - b."""
+        def what(pending):
+            return (f"--dp {self.name} server rank {self.rank}: no gradient or DONE from worker rank(s) "
+                    f"{pending} after {self.timeout_s:.0f} s (a worker stopped without calling finish()?)")
+        if self.backup:
+            return first_pushes(self.pcomm, self._inbox, self._posted, remote, max(1, len(remote) - self.backup),
+                                self._step, self.timeout_s, what)
+        reqs = [self.pcomm.Irecv(self._inbox[w].msg(), w, MPI.ANY_TAG) for w in remote]
+        statuses = wait_all(reqs, self.timeout_s, lambda p: what([remote[i] for i in p]))
+        return {w: st.Get_tag() for w, st in zip(remote, statuses)}
+
+    def _backup_workers(self) -> int:
+        b = int(getattr(self.options, "backup_workers", 0) or 0)
+        if b and (b < 0 or b >= self.num_workers or len(self.server_ranks) != 1 or self.server_ranks[0] != 0
+                  or 0 not in self.worker_ranks or self.host is not None):
+            raise PsrtError(f"--dp {self.name} --backup-workers {b}: needs rank 0 as the one server, "
+                            f"training too (--servers 0), no --local-aggregation, and fewer than the "
+                            f"{self.num_workers} workers", everywhere=True)
+        return b
 
     def _unscale(self, avg, heads: list) -> bool:
         """fp16 on a server: whether every server skips this step; if not, the average is

@@ -282,6 +282,33 @@ def wait_all(reqs: list, timeout_s: float, what: Callable[[list[int]], str]) -> 
     return statuses
 
 
+def first_pushes(comm, inbox: dict, posted: dict, remote: list[int], need: int, step: int,
+                 timeout_s: float, what: Callable[[list[int]], str]) -> dict[int, int]:
+    """Backup workers (Chen et al., "Revisiting Distributed Synchronous SGD", 2016): wait for
+    the first `need` messages of step `step` (or DONE) from the workers `remote`; returns
+    {worker: tag}.  A receive stays posted into inbox[w] across rounds (`posted`), so the push
+    of a worker left out arrives there later; a push of an earlier step is such a late one,
+    dropped, and the receive posted again."""
+    for w in remote:
+        if w not in posted:
+            posted[w] = comm.Irecv(inbox[w].msg(), w, MPI.ANY_TAG)
+    arrived: dict[int, int] = {}
+
+    def enough() -> bool:
+        for w in [w for w in posted if w not in arrived]:
+            status = MPI.Status()
+            if not posted[w].Test(status):
+                continue
+            del posted[w]
+            if status.Get_tag() == TAG_PUSH and int(inbox[w].head[0]) < step:
+                posted[w] = comm.Irecv(inbox[w].msg(), w, MPI.ANY_TAG)
+                continue
+            arrived[w] = status.Get_tag()
+        return len(arrived) >= need
+    poll(enough, timeout_s, lambda: what(sorted(set(remote) - set(arrived))))
+    return arrived
+
+
 def probe_any(comm, timeout_s: float, what: Callable[[], str]) -> MPI.Status:
     """Wait for any message on `comm` (from any source, any tag); returns its status."""
     status = MPI.Status()

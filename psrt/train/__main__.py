@@ -49,6 +49,11 @@ def main(argv=None) -> int:
                 print(f"{row['dp']}: fp16 loss scaling skipped {row['skipped_steps']} of {row['steps']} steps "
                       f"(every rank the same ones); the scale is now {row['loss_scale']:g}")
         for row in rows:
+            if "left_out" in row:
+                print(f"{row['dp']}: backup workers {row['backup_workers']}: the server left out "
+                      f"{row['left_out']} worker gradients over {row['steps_run']} steps (the last to "
+                      "arrive each step)")
+        for row in rows:
             line = report.axes_line(row)
             if line:
                 print(line)

@@ -57,6 +57,8 @@ class TrainConfig:
                               "strategy", metavar="S")
     local_aggregation: bool = opt(False, "ps: each host's ranks sum their gradients on its first rank, "
                                   "which alone talks to the server (BytePS's local aggregation)", "strategy")
+    backup_workers: int = opt(0, "ps: each step the server takes the first N-1-B other workers' gradients "
+                              "and leaves out the B slowest (Chen et al. 2016)", "strategy", metavar="B")
     offload_optimizer: bool | None = opt(None, "keep the optimizer state and the fp32 master copy "
                                          "of this rank's parameters in host memory and update there "
                                          "(ZeRO-Offload; for CUDA models)", "strategy")
@@ -134,7 +136,7 @@ class TrainConfig:
             if choices and value is not None and value not in choices:
                 raise PsrtError(f"{flag(name)} {value!r}: choose one of {', '.join(choices)}", everywhere=True)
         positive = ("batch_size", "accum", "seq_len", "pp", "tp", "epochs")
-        non_negative = ("steps", "width", "layers", "staleness", "checkpoint_every", "momentum", "weight_decay")
+        non_negative = ("steps", "width", "layers", "staleness", "checkpoint_every", "backup_workers", "momentum", "weight_decay")
         # A batch the user gave must split evenly; the default adapts (plan_batch).
         self.batch_size_given = self.batch_size is not None
         if self.batch_size is None:

@@ -215,7 +215,8 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
             "bytes": totals.bytes_sent, "axis_bytes": totals.axis_bytes,
             "opt": sum(c.optimizer_state_bytes() for c in run.components), "steps": totals.steps,
             "loss": totals.loss, "test_loss": test_loss, "test_acc": test_acc, "wall": wall, "held": held,
-            "params": run.params_count(), "a2a": routing.a2a}
+            "params": run.params_count(), "a2a": routing.a2a,
+            "left_out": sum(getattr(c, "server_totals", {}).get("left_out", 0) for c in run.components)}
     everyone = ctl.gather(mine, root=lead)
     if group is not None:
         group.close()
@@ -232,6 +233,8 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
         # the step the run reached, a resumed one's earlier steps included (samples/s and the
         # times are this run's own)
         row.update(steps=total, steps_run=totals.steps)
+        if cfg.backup_workers and "ps" in dp:
+            row.update(left_out=sum(r["left_out"] for r in everyone), backup_workers=cfg.backup_workers)
         row["grad_bytes"] = wire_gradient_bytes(model, cfg, dp)
         row.update(memory_row(dp, everyone, model, cfg, dp_size=run.num_workers if group is None else None))
         if scaler:

@@ -50,7 +50,7 @@ def workers(recs, case=None):
 
 @pytest.mark.parametrize("n", SIZES)
 def test_matches_single_process(records, n):
-    recs = [r for r in records[n] if not r["case"].startswith("resume")]
+    recs = [r for r in records[n] if not r["case"].startswith(("resume", "backup"))]
     expected_cases = {1: 4, 2: 10, 3: 14, 4: 14}[n]
     assert len({r["case"] for r in recs}) == expected_cases
     for r in workers(recs):
@@ -136,3 +136,14 @@ def test_resume_from_state_dict_is_exact(records):
     recs = [r for r in records[3] if r["case"].startswith("resume/")]
     assert len({r["case"] for r in recs}) == 5
     assert all(r["same"] for r in recs if r["worker"]), recs
+
+
+def test_backup_workers_leave_the_straggler_out(records):
+    """--backup-workers 1, the last of 4 workers 0.5 s late every step: the server leaves its
+    gradient out of every step (Chen et al. 2016), the run equals one process trained on the
+    other workers' shares, and the straggler ends with the same parameters as the rest."""
+    recs = [r for r in records[4] if r["case"] == "backup"]
+    assert len(recs) == 4
+    assert {r["digest"] for r in recs} == {recs[0]["digest"]}
+    assert all(r["maxdiff"] <= 1e-5 for r in recs), [r["maxdiff"] for r in recs]
+    assert [r["left_out"] for r in recs if r["left_out"] is not None] == [4]

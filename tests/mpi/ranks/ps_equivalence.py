@@ -15,8 +15,8 @@ import torch
 from mpi4py import MPI
 
 import psrt
-from ps_harness import (Results, build, digest, flat, make_data, make_model, perturb, reference,
-                        run_steps)
+from ps_harness import (Results, build, digest, flat, local_microbatches, make_data, make_model, mse, perturb,
+                        reference, run_steps)
 
 
 def cases(n: int):
@@ -104,6 +104,30 @@ def resume(comm, out, batch: int) -> None:
              same=bool(torch.equal(flat(model2), continued)) if s.is_worker else None)
 
 
+def backup(comm, out, batch: int, steps: int = 4, late_s: float = 0.5) -> None:
+    """--backup-workers 1 with a straggler: the last worker sleeps `late_s` before each step,
+    so the server takes the others' gradients every step and leaves its out; the run must
+    equal one process trained on the other workers' shares only, and every worker (the
+    straggler too) must end with the same parameters."""
+    data = make_data(batch, steps, seed=11)
+    model = make_model()
+    share = batch // comm.size
+    kept = [(x[:share * (comm.size - 1)], y[:share * (comm.size - 1)]) for x, y in data]
+    want, _ = reference(model, "sgd", kept)
+    s = build("ps", model, "sgd", comm, backup_workers=1)
+    t0 = time.perf_counter()
+    for x, y in data:
+        if comm.rank == comm.size - 1:
+            time.sleep(late_s)
+        mbs = local_microbatches(x, y, s.worker_rank, s.num_workers, 1)
+        s.step(mse(model), mbs)
+    s.finish()
+    got = flat(model)
+    out.add(size=comm.size, case="backup", rank=comm.rank, worker=False, maxdiff=float((got - want).abs().max()),
+            digest=digest(got), left_out=s.server_totals["left_out"] if s.shard is not None else None,
+            wall_s=time.perf_counter() - t0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1,2,3,4",
@@ -131,6 +155,8 @@ def main() -> None:
             equivalence(comm, out, n, args.steps, args.batch, 1 if n == 1 else args.micro)
         if n == args.resume_size:
             resume(comm, out, args.batch)
+        if n == max(sizes) and n >= 3:
+            backup(comm, out, args.batch)
         comm.close()
         sub.Free()
     out.flush()

@@ -325,10 +325,10 @@ def expert_specs(model: nn.Module, specs: dict) -> dict:
 
 class GridState:
     """What a checkpoint saves of a grid rank: each component's state (model slice,
-    optimizer or its shard, the server's shard) and the rank's place in the grid.  A sharded
-    strategy (zero1/2/3, ps-sharded) resumes on another data-parallel degree: each rank takes
-    the states of the old ranks at its own (pp, tp) place, in dp order, and each component
-    reshards them (the experts' groups change with dp, so --model moe resumes on the same
+    optimizer or its shard, the server's shard) and the rank's place in the grid.  A run
+    resumes on another data-parallel degree: each rank takes the states of the old ranks at
+    its own (pp, tp) place, in dp order, and each component loads them (a replica's, or its
+    shards resharded; the experts' groups change with dp, so --model moe resumes on the same
     degree only)."""
 
     def __init__(self, layout: OnGrid):
@@ -356,8 +356,9 @@ class GridState:
     def load_resharded(self, states: list[dict]) -> None:
         g = self.layout.grid
         if not self.reshardable:
-            raise PsrtError("--resume on another number of ranks: only zero1/2/3 and ps-sharded reshard, "
-                            "and not with --model moe", everywhere=True)
+            raise PsrtError("--resume on another number of ranks: --model moe resumes on the same "
+                            "data-parallel degree only (its expert groups change with it), and ps "
+                            "with the same servers", everywhere=True)
         mine = sorted((s for s in states if list(s["place"][1:]) == [g.pp_rank, g.tp_rank]),
                       key=lambda s: s["place"][0])
         for i, c in enumerate(self.layout.components):

@@ -26,6 +26,14 @@ class CollectiveMismatch(PsrtError):
     """Ranks called a collective with arguments that do not agree."""
 
 
+class PeerTimeout(PsrtError):
+    """A wait for another rank ran out of time (PSRT_TIMEOUT): that rank is dead, stuck or
+    out of reach.  Exit 3, as the watchdog's abort, not 2: the same command may well work
+    again, so `mpi_launch --restarts` starts it again (psrt/launch/restart.py)."""
+
+    exit_code = 3
+
+
 def make_options(cls, given: dict, where: str):
     """`cls(**given)` for an options dataclass, refusing a key that is not one of its fields
     in one line naming what it accepts: a misspelt `bucket_m=` must not run with the default

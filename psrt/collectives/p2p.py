@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from psrt.errors import PsrtError
+from psrt.errors import PeerTimeout
 from psrt.transport import msg
 
 # One tag per algorithm keeps a mistaken mix of two algorithms from matching silently.
@@ -40,7 +40,7 @@ FIRST_PAUSE_S, MAX_PAUSE_S = 2e-6, 1e-3
 
 def poll(ready: Callable[[], object], timeout_s: float, fail: Callable[[], str]):
     """Call `ready()` until it returns something true and return that; after `timeout_s`
-    raise PsrtError(fail()) instead of waiting for ever.  The one wait loop of psrt's
+    raise PeerTimeout(fail()) instead of waiting for ever.  The one wait loop of psrt's
     point-to-point protocols (parameter server, pipeline)."""
     deadline = time.monotonic() + timeout_s
     spins, pause = 0, FIRST_PAUSE_S
@@ -49,7 +49,7 @@ def poll(ready: Callable[[], object], timeout_s: float, fail: Callable[[], str])
         if result:
             return result
         if time.monotonic() > deadline:
-            raise PsrtError(fail())
+            raise PeerTimeout(fail())
         spins += 1
         if spins > SPINS:
             time.sleep(pause)

@@ -105,3 +105,11 @@ def cycling(items: list, step: Callable[[object], object]) -> Callable[[], objec
     batches of a timed training step)."""
     batches = itertools.cycle(items)
     return lambda: step(next(batches))
+
+
+def ticker(progress) -> Callable[[str], None] | None:
+    """An `on_round` for `interleaved` that moves a psrt.train.report.Progress on by one."""
+    if progress is None:
+        return None
+    done = itertools.count(1)
+    return lambda name: progress.update(next(done), name)

@@ -74,7 +74,7 @@ def command(args) -> int:
     print("\n" + verdict(runs, emulate))
     if plot(runs, png):
         print(f"psrt demo: wrote {png} (loss curves; step time split, predicted beside measured)")
-    from psrt.trace.__main__ import draw, load
+    from psrt.trace.view import draw, load
     timeline = Path(args.out) / "timeline.png"
     # psrt.train writes one timeline per strategy (trace.ps.json, trace.ring.json), on the same
     # clock: drawn together, the server's steps and then the ring's

@@ -62,8 +62,8 @@ def quicken(ns):
 def size_for(rate: str, fastest: str, size: int) -> int:
     """`size` at the fastest rate; slower links get proportionally less (a power of two, at
     least 1 MiB), so every rate takes about as long."""
-    from psrt.launch.cluster import _rate_bytes
-    scaled = size * _rate_bytes(rate) / _rate_bytes(fastest)
+    from psrt.launch.cluster import rate_bytes
+    scaled = size * rate_bytes(rate) / rate_bytes(fastest)
     return max(1 << 20, min(size, 1 << int(math.log2(max(scaled, 1)))))
 
 
@@ -80,7 +80,7 @@ def run(args) -> dict:
     """Every measurement, fit and prediction of the regime; returns the report payload."""
     from psrt.launch import cluster as C
     C.require_netns()
-    fastest = max(args.rates, key=C._rate_bytes)
+    fastest = max(args.rates, key=C.rate_bytes)
     sizes = {rate: size_for(rate, fastest, args.size) for rate in args.rates}
     todo = groups(args)
     progress = Progress(sum(len(lays) + (rate is not None) for rate, _, lays in todo), "network",
@@ -254,11 +254,11 @@ def check(args) -> None:
     """Refuse bad values in one line; turn the text options into lists and bytes."""
     from psrt.bench.collectives import parse_size
     from psrt.bench.report import need
-    from psrt.launch.cluster import _RATE
+    from psrt.launch.cluster import RATE
     need(args.repeats >= 1, f"--repeats {args.repeats}: must be at least 1")
     need(args.warmup >= 0, f"--warmup {args.warmup}: must not be negative")
     args.rates = [r.strip() for r in args.rates.split(",")]
-    bad = [r for r in args.rates if not _RATE.match(r)]
+    bad = [r for r in args.rates if not RATE.match(r)]
     need(not bad, f"--rates {','.join(bad)}: expected tc rates such as 1gbit,100mbit")
     parts = args.hosts_text.split(",")
     need(all(p.strip().isdigit() and 2 <= int(p) <= 64 for p in parts),

@@ -21,9 +21,9 @@ psrt rows are measured, as in `bench training`: gloo's threads would tax MPI row
 """
 from __future__ import annotations
 
-import statistics
 import sys
-import time
+
+from psrt.bench.goal import Goal
 
 MB = 1 << 20
 PSRT_DDP = ("ring", "auto", "ps")      # the psrt algorithms DDP and FSDP2 are timed on
@@ -47,37 +47,66 @@ def measure(grad_mb: float, width: int = 1024, batch: int = 32, steps: int = 3, 
             progress=None) -> list[dict]:
     """One row per way of training, the same on every rank (run after init_process_group('psrt'))."""
     import torch
-    import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
-    import psrt
-    from psrt.c10d import Options, job_world
-    from psrt.dp import strategy_class
+    from psrt.bench import timing
+    from psrt.c10d import job_world
 
     world = job_world()
-    n = world.size
-    params = sum(p.numel() for p in build_model(grad_mb, width).parameters())
     g = torch.Generator().manual_seed(1 + world.rank)
     data = [(torch.randn(batch, width, generator=g), torch.randn(batch, width, generator=g))
             for _ in range(steps)]
+    ways = Ways(world, grad_mb, width)
+    times: dict[str, timing.Timing] = {}
+    tick = timing.ticker(progress)
+    for phase in (ways.psrt_phase, ways.gloo_phase):
+        runners = {name: timing.cycling(data, step) for name, step in phase().items()}
+        # one warm-up round of the same steps, then the timed rounds, interleaved
+        times.update(timing.interleaved(world.comm, runners, rounds, warmup=len(data), per_round=len(data),
+                                        on_round=tick))
+    return rows_of(times, world.size, ways.params)
 
-    def loss_of(model, mb):
-        x, y = mb
-        return torch.nn.functional.mse_loss(model(x), y)
 
-    def torch_runner(wrap):
-        model = wrap(build_model(grad_mb, width))
+def rows_of(times: dict, n: int, params: int) -> list[dict]:
+    """The rows with their ratios to the same on gloo and to psrt's own ring DDP."""
+    rows = [{"way": name, "ranks": n, "grad_mib": params * 4 / MB, "step_s": t.median}
+            for name, t in times.items()]
+    by = {r["way"]: r["step_s"] for r in rows}
+    for row in rows:
+        kind = row["way"].split("/")[0] if "/" in row["way"] else "ddp"
+        row["vs_gloo"] = by[f"{kind}/gloo"] / row["step_s"]       # > 1: faster than the same on gloo
+        row["vs_psrt_ring"] = None if kind == "all-reduce" else by["psrt --dp ring"] / row["step_s"]
+    return rows
+
+
+def _loss(model, mb):
+    import torch
+    x, y = mb
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+class Ways:
+    """The ways of training one model, each a step function of a batch, built per phase."""
+
+    def __init__(self, world, grad_mb: float, width: int):
+        self.world, self.grad_mb, self.width = world, grad_mb, width
+        self.params = sum(p.numel() for p in build_model(grad_mb, width).parameters())
+
+    def torch_runner(self, wrap):
+        import torch
+        model = wrap(build_model(self.grad_mb, self.width))
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
         def step(mb):
             opt.zero_grad(set_to_none=True)
-            loss_of(model, mb).backward()
+            _loss(model, mb).backward()
             opt.step()
         return step
 
+    @staticmethod
     def fsdp(group):
+        import torch
         from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
 
         def wrap(model):
             mesh = DeviceMesh.from_group(group, "cpu")
@@ -87,59 +116,45 @@ def measure(grad_mb: float, width: int = 1024, batch: int = 32, steps: int = 3, 
             return fully_shard(model, mesh=mesh)
         return wrap
 
-    def psrt_ring():
-        group = psrt.Communicator(world.comm, algorithm="ring")
-        model = build_model(grad_mb, width)
+    def psrt_ring(self):
+        import torch
+
+        import psrt
+        from psrt.dp import strategy_class
+        group = psrt.Communicator(self.world.comm, algorithm="ring")
+        model = build_model(self.grad_mb, self.width)
         dp = strategy_class("ring")(model, lambda p: torch.optim.SGD(p, lr=0.01), group)
-        return lambda mb: dp.step(lambda b: loss_of(dp.model, b), [mb])
+        return lambda mb: dp.step(lambda b: _loss(dp.model, b), [mb])
 
-    def allreduce(group):
+    def allreduce(self, group):
         """The gradients' all-reduce alone (the communication a DDP step adds)."""
-        buf = torch.ones(params)
-
+        import torch
+        import torch.distributed as dist
+        buf = torch.ones(self.params)
         return lambda mb: dist.all_reduce(buf, group=group)
 
-    def psrt_phase():
-        rows = {"all-reduce/psrt-auto": allreduce(dist.group.WORLD)}
+    def psrt_phase(self) -> dict:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        from psrt.c10d import Options
+        n = self.world.size
+        rows = {"all-reduce/psrt-auto": self.allreduce(dist.group.WORLD)}
         groups = {a: dist.new_group(list(range(n)), pg_options=Options(algorithm=a)) for a in PSRT_DDP}
         for algorithm, group in groups.items():
-            rows[f"ddp/psrt-{algorithm}"] = torch_runner(lambda m, g=group: DDP(m, process_group=g))
-        rows["psrt --dp ring"] = psrt_ring()
+            rows[f"ddp/psrt-{algorithm}"] = self.torch_runner(lambda m, g=group: DDP(m, process_group=g))
+        rows["psrt --dp ring"] = self.psrt_ring()
         for algorithm, group in groups.items():
-            rows[f"fsdp2/psrt-{algorithm}"] = torch_runner(fsdp(group))
+            rows[f"fsdp2/psrt-{algorithm}"] = self.torch_runner(self.fsdp(group))
         return rows
 
-    def gloo_phase():
-        group = dist.new_group(list(range(n)), backend="gloo")
-        return {"all-reduce/gloo": allreduce(group),
-                "ddp/gloo": torch_runner(lambda m: DDP(m, process_group=group)),
-                "fsdp2/gloo": torch_runner(fsdp(group))}
-
-    times: dict[str, list[float]] = {}
-    done = 0
-    for phase in (psrt_phase, gloo_phase):
-        runners = phase()
-        for r in range(rounds + 1):           # round 0 warms up
-            for name, step in runners.items():
-                world.comm.Barrier()
-                t0 = time.perf_counter()
-                for mb in data:
-                    step(mb)
-                per = world.comm.allgather((time.perf_counter() - t0) / len(data))
-                if r:
-                    times.setdefault(name, []).append(max(per))
-                done += 1
-                if progress:
-                    progress.update(done, name)
-    rows = [{"way": name, "ranks": n, "grad_mib": params * 4 / MB, "step_s": statistics.median(t)}
-            for name, t in times.items()]
-    by = {r["way"]: r["step_s"] for r in rows}
-    for row in rows:
-        kind = row["way"].split("/")[0] if "/" in row["way"] else "ddp"
-        peer = by[f"{kind}/gloo"]
-        row["vs_gloo"] = peer / row["step_s"]             # > 1: faster than the same on gloo
-        row["vs_psrt_ring"] = None if kind == "all-reduce" else by["psrt --dp ring"] / row["step_s"]
-    return rows
+    def gloo_phase(self) -> dict:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        group = dist.new_group(list(range(self.world.size)), backend="gloo")
+        return {"all-reduce/gloo": self.allreduce(group),
+                "ddp/gloo": self.torch_runner(lambda m: DDP(m, process_group=group)),
+                "fsdp2/gloo": self.torch_runner(self.fsdp(group))}
 
 
 COLUMNS = [("way", "training", ""), ("ranks", "N", "d"), ("grad_mib", "gradients (MiB)", ".1f"),
@@ -147,19 +162,19 @@ COLUMNS = [("way", "training", ""), ("ranks", "N", "d"), ("grad_mib", "gradients
            ("vs_psrt_ring", "x psrt --dp ring", ".2f")]
 
 
-def goals(rows: list[dict]) -> list[dict]:
+def goals(rows: list[dict]) -> list[Goal]:
     out = []
     for (n, mib) in sorted({(r["ranks"], r["grad_mib"]) for r in rows}):
         by = {r["way"]: r for r in rows if (r["ranks"], r["grad_mib"]) == (n, mib)}
         where = f"N={n}, {mib:.0f} MiB"
         best = max((by[f"ddp/psrt-{a}"] for a in ("ring", "auto")), key=lambda r: r["vs_gloo"])
-        out.append({"goal": f"{where}: DDP on psrt >= 1.25x faster per step than DDP on gloo",
-                    "value": f"{best['vs_gloo']:.2f}x ({best['way']})", "ok": best["vs_gloo"] >= 1.25})
-        out.append({"goal": f"{where}: DDP on psrt within 1.15x of psrt --dp ring",
-                    "value": f"{1 / best['vs_psrt_ring']:.2f}x", "ok": 1 / best["vs_psrt_ring"] <= 1.15})
+        out.append(Goal(f"{where}: DDP on psrt >= 1.25x faster per step than DDP on gloo", best["way"],
+                        "ddp/gloo", ">=", 1.25, best["vs_gloo"], detail=f"({best['way']})"))
+        out.append(Goal(f"{where}: DDP on psrt within 1.15x of psrt --dp ring", best["way"], "psrt --dp ring",
+                        "<=", 1.15, 1 / best["vs_psrt_ring"]))
         f = max((by[f"fsdp2/psrt-{a}"] for a in ("ring", "auto")), key=lambda r: r["vs_gloo"])
-        out.append({"goal": f"{where}: FSDP2 on psrt no slower than on gloo",
-                    "value": f"{f['vs_gloo']:.2f}x ({f['way']})", "ok": f["vs_gloo"] >= 1.0})
+        out.append(Goal(f"{where}: FSDP2 on psrt no slower than on gloo", f["way"], "fsdp2/gloo", ">=", 1.0,
+                        f["vs_gloo"], detail=f"({f['way']})"))
     return out
 
 
@@ -188,33 +203,36 @@ def _numbers(text: str, what: str, cast=int) -> list:
     return values
 
 
-def _print(rows: list[dict], header: str) -> None:
-    from psrt.bench import report
-    print(header)
-    report.table(rows, COLUMNS)
-    report.print_goals(goals(rows))
+def report_rows(rows: list[dict], args, show: bool) -> None:
+    """The table and the goals if `show`, and --json."""
+    from psrt.bench import goal, report
+    found = goals(rows)
+    if show:
+        print(f"# torch DDP / FSDP2 on psrt vs gloo; MLP of width {args.width}, {args.batch} samples "
+              f"per rank, SGD; step = median of {args.rounds} rounds of {args.steps} steps, slowest rank")
+        report.table(rows, COLUMNS)
+        goal.print_goals(found)
+    if args.json:
+        report.write_json(args.json, {"rows": rows, "goals": goal.rows(found), "mpi": report.mpi_version()})
+
+
+def check(args) -> list[float]:
+    """The gradient sizes; bad values refused in one line."""
+    from psrt.bench.report import need
+    for name in ("width", "batch", "steps", "rounds"):
+        need(getattr(args, name) >= 1, f"--{name} {getattr(args, name)}: must be at least 1")
+    if args.np:
+        _numbers(args.np, "np")
+    return _numbers(args.grad_mb, "grad-mb", float)
 
 
 def command(args) -> int:
-    from psrt.bench import report
-    sizes = _numbers(args.grad_mb, "grad-mb", float)
-    for name in ("width", "batch", "steps", "rounds"):
-        report.need(getattr(args, name) >= 1, f"--{name} {getattr(args, name)}: must be at least 1")
-    header = (f"# torch DDP / FSDP2 on psrt vs gloo; MLP of width {args.width}, {args.batch} samples "
-              f"per rank, SGD; step = median of {args.rounds} rounds of {args.steps} steps, slowest rank")
+    sizes = check(args)
     if args.np:
-        from psrt.bench import jobs
-        rows = []
-        for np_ in _numbers(args.np, "np"):
-            rank_args = ["c10d", "--grad-mb", args.grad_mb, "--width", str(args.width), "--batch",
-                         str(args.batch), "--steps", str(args.steps), "--rounds", str(args.rounds)]
-            if not args.quiet:
-                print(f"psrt.bench c10d: {np_} ranks ...", file=sys.stderr, flush=True)
-            rows += jobs.local(np_, rank_args + ["--quiet"], timeout_s=1200)["rows"]
-        _print(rows, header)
-        if args.json:
-            report.write_json(args.json, {"rows": rows, "goals": goals(rows), "mpi": report.mpi_version()})
+        report_rows(launch(args), args, show=True)   # --quiet: no progress lines
         return 0
+    import torch.distributed as dist
+
     import psrt.c10d
     from psrt.train.report import Progress
     psrt.c10d.init_process_group()
@@ -225,10 +243,19 @@ def command(args) -> int:
     for grad_mb in sizes:
         rows += measure(grad_mb, args.width, args.batch, args.steps, args.rounds, progress)
     if world.rank == 0:
-        if not args.quiet:
-            _print(rows, header)
-        if args.json:
-            report.write_json(args.json, {"rows": rows, "goals": goals(rows), "mpi": report.mpi_version()})
-    import torch.distributed as dist
+        report_rows(rows, args, show=not args.quiet)
     dist.destroy_process_group()
     return 0
+
+
+def launch(args) -> list[dict]:
+    """--np: one job of this command per world size; their rows."""
+    from psrt.bench import jobs
+    rows = []
+    for np_ in _numbers(args.np, "np"):
+        rank_args = ["c10d", "--grad-mb", args.grad_mb, "--width", str(args.width), "--batch",
+                     str(args.batch), "--steps", str(args.steps), "--rounds", str(args.rounds)]
+        if not args.quiet:
+            print(f"psrt.bench c10d: {np_} ranks ...", file=sys.stderr, flush=True)
+        rows += jobs.local(np_, rank_args + ["--quiet"], timeout_s=1200)["rows"]
+    return rows

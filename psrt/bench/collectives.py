@@ -8,12 +8,11 @@ collective is done when the last rank is done), with the fastest rank's shown as
 """
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import asdict, dataclass
 
 import torch
 
+from psrt.bench import timing
 from psrt.collectives import ALGORITHMS, Communicator
 from psrt.errors import PsrtError
 
@@ -156,14 +155,14 @@ def _wrong(group: Communicator, collective: str, result, n: int) -> int:
 def measure(group: Communicator, collective: str, algorithms: list[str], nbytes: int,
             dtype: torch.dtype = torch.float32, warmup: int = 3, repeats: int = 5,
             min_time_s: float = 0.02) -> list[Point]:
-    """Time every algorithm at one size.  Repeats are interleaved (A B C, A B C, ...) so a
-    change in machine load during the run hits all algorithms alike and the ratios hold."""
-    n, rank = group.size, group.rank
+    """Time every algorithm at one size (psrt.bench.timing: interleaved rounds of about
+    min_time_s each, slowest rank), after checking each one's result."""
+    n = group.size
     esize = torch.empty(0, dtype=dtype).element_size()
     numel = max(nbytes // esize, 1)
     if collective == "allgather":
         numel = max(numel // n, 1)
-    x = torch.full((numel,), float(rank + 1), dtype=dtype)
+    x = torch.full((numel,), float(group.rank + 1), dtype=dtype)
     out = torch.empty(numel * (n if collective == "allgather" else 1), dtype=dtype)
     fresh = x.clone()
     worker = None
@@ -175,44 +174,27 @@ def measure(group: Communicator, collective: str, algorithms: list[str], nbytes:
     if any(split_name(a)[1] == "persistent" for a in algorithms):
         twin = Communicator(group.comm, persistent=True)
     calls = {a: caller(group, collective, a, x, out, own[a], worker, twin) for a in algorithms}
-    wrong, iters = {}, {}
+    wrong = {}
     for algo in algorithms:
         x.copy_(fresh)
         own[algo].copy_(fresh)
         wrong[algo] = group.comm.allreduce(_wrong(group, collective, calls[algo](), n))
         x.copy_(fresh)
         own[algo].zero_()      # in-place rows sum it again and again: zeros cannot overflow
-        for _ in range(warmup):
-            calls[algo]()
-        # Iterations so one timed loop lasts about min_time_s (rank 0 decides for all).
-        t0 = time.perf_counter()
-        calls[algo]()
-        iters[algo] = group.comm.bcast(max(1, min(1000, int(min_time_s / max(time.perf_counter() - t0, 1e-7)))), root=0)
-    slow = {a: [] for a in algorithms}
-    fast = {a: [] for a in algorithms}
-    for _ in range(repeats):
-        for algo in algorithms:
-            group.comm.Barrier()
-            t0 = time.perf_counter()
-            call = calls[algo]
-            for _ in range(iters[algo]):
-                call()
-            times = group.comm.allgather((time.perf_counter() - t0) / iters[algo])
-            slow[algo].append(max(times))
-            fast[algo].append(min(times))
+    timings = timing.interleaved(group.comm, calls, repeats, warmup, min_time_s=min_time_s)
     if worker is not None:
         worker.close()
     if twin is not None:
         twin.close()
     total = numel * esize * (n if collective == "allgather" else 1)
-    points = []
-    for algo in algorithms:
-        t = statistics.median(slow[algo])
-        algbw = total / t / 1e9
-        points.append(Point(collective, algo, total, str(dtype).replace("torch.", ""), n, t * 1e6,
-                            statistics.median(fast[algo]) * 1e6, algbw,
-                            algbw * BUS_FACTOR[collective](n), wrong[algo]))
-    return points
+    return [point(collective, algo, total, dtype, n, timings[algo], wrong[algo]) for algo in algorithms]
+
+
+def point(collective: str, algorithm: str, total: int, dtype: torch.dtype, n: int, t: timing.Timing,
+          wrong: int) -> Point:
+    algbw = total / t.median / 1e9
+    return Point(collective, algorithm, total, str(dtype).replace("torch.", ""), n, t.median * 1e6,
+                 t.fastest_median * 1e6, algbw, algbw * BUS_FACTOR[collective](n), wrong)
 
 
 def algorithms_for(collective: str, requested: list[str] | None, torch_ready: bool,
@@ -303,10 +285,26 @@ def check(args) -> None:
 def command(args) -> int:
     check(args)
     import psrt
-    from psrt.bench import report
-    from psrt.train.report import Progress, fmt_bytes
-
     world = psrt.init()
+    group = psrt.Communicator(world.comm)
+    try:
+        rows = measure_all(args, world, group)
+    finally:
+        group.close()
+    if world.rank != 0:
+        return 0
+    add_ratios(rows)
+    wrong = sum(r["wrong"] for r in rows)
+    if not args.quiet:
+        print_rows(rows, args, world)
+    write(rows, args, world)
+    return 1 if wrong else 0
+
+
+def measure_all(args, world, group: Communicator) -> list[dict]:
+    """Every point the arguments ask for, as rows sorted for the table (every rank)."""
+    import psrt
+    from psrt.train.report import Progress, fmt_bytes
     sizes = sizes_from(args)
     dtype = getattr(torch, args.dtype)
     torch_ready = False
@@ -314,7 +312,6 @@ def command(args) -> int:
     if wanted is None or "torch" in wanted:
         psrt.init_torch_distributed(world)
         torch_ready = True
-    group = psrt.Communicator(world.comm)
     # Horovod's background thread runs an MPI negotiation every cycle, even when idle, which
     # slows every other algorithm measured beside it: Horovod is timed in a phase of its own,
     # after the others, and shut down.
@@ -336,31 +333,42 @@ def command(args) -> int:
         hvd.shutdown()
     # one table block per algorithm reads best: sort by collective, algorithm order, size
     order = {a: i for i, a in enumerate(dict.fromkeys(p.algorithm for p in points))}
-    rows = [p.row() for p in sorted(points, key=lambda p: (p.collective, order[p.algorithm], p.nbytes))]
-    if world.rank != 0:
-        group.close()
-        return 0
+    return [p.row() for p in sorted(points, key=lambda p: (p.collective, order[p.algorithm], p.nbytes))]
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """x native (native time over the row's: > 1 is faster than the MPI library), the size
+    as text, and the ratios to the floors (against_floors)."""
+    from psrt.train.report import fmt_bytes
     native = {(r["collective"], r["nbytes"]): r["time_us"] for r in rows if r["algorithm"] == "native"}
     for r in rows:
         base = native.get((r["collective"], r["nbytes"]))
-        r["vs_native"] = base / r["time_us"] if base else None   # >1: faster than the MPI library
+        r["vs_native"] = base / r["time_us"] if base else None
         r["size"] = fmt_bytes(r["nbytes"])
     against_floors(rows)
-    wrong = sum(r["wrong"] for r in rows)
-    if not args.quiet:
-        print(f"# psrt collectives: N={world.size} ranks on {world.num_nodes} host(s), dtype {args.dtype}; "
-              f"time = median of {args.repeats} loops, slowest rank; x native = native time / time; "
-              f"x own floor = time / time of the same schedule in bare mpi4py called the same way "
-              f"(mpi4py-ALGORITHM[+CALL]); x sync floor: an async row over the blocking floor's time")
-        for coll in dict.fromkeys(r["collective"] for r in rows):
-            print(f"\n## {coll}")
-            report.table([r for r in rows if r["collective"] == coll], [
-                ("size", "size", ""), ("algorithm", "algorithm", ""), ("time_us", "time(us)", ".1f"),
-                ("time_min_us", "fastest rank(us)", ".1f"), ("algbw_gbs", "algbw(GB/s)", ".3f"),
-                ("busbw_gbs", "busbw(GB/s)", ".3f"), ("wrong", "#wrong", "d"), ("vs_native", "x native", ".2f"),
-                ("vs_floor", "x own floor", ".2f")]
-                + ([("vs_sync_floor", "x sync floor", ".2f")] if any(r.get("vs_sync_floor") for r in rows) else []))
-        print(f"\n# {wrong} wrong elements in all")
+
+
+def print_rows(rows: list[dict], args, world) -> None:
+    from psrt.bench import report
+    print(f"# psrt collectives: N={world.size} ranks on {world.num_nodes} host(s), dtype {args.dtype}; "
+          f"time = median of {args.repeats} loops, slowest rank; x native = native time / time; "
+          f"x own floor = time / time of the same schedule in bare mpi4py called the same way "
+          f"(mpi4py-ALGORITHM[+CALL]); x sync floor: an async row over the blocking floor's time")
+    columns = [("size", "size", ""), ("algorithm", "algorithm", ""), ("time_us", "time(us)", ".1f"),
+               ("time_min_us", "fastest rank(us)", ".1f"), ("algbw_gbs", "algbw(GB/s)", ".3f"),
+               ("busbw_gbs", "busbw(GB/s)", ".3f"), ("wrong", "#wrong", "d"), ("vs_native", "x native", ".2f"),
+               ("vs_floor", "x own floor", ".2f")]
+    if any(r.get("vs_sync_floor") for r in rows):
+        columns.append(("vs_sync_floor", "x sync floor", ".2f"))
+    for coll in dict.fromkeys(r["collective"] for r in rows):
+        print(f"\n## {coll}")
+        report.table([r for r in rows if r["collective"] == coll], columns)
+    print(f"\n# {sum(r['wrong'] for r in rows)} wrong elements in all")
+
+
+def write(rows: list[dict], args, world) -> None:
+    """--json, --csv and --plot."""
+    from psrt.bench import report
     meta = {"world_size": world.size, "num_nodes": world.num_nodes, "dtype": args.dtype,
             "mpi": report.mpi_version(), "host": world.hostname}
     if args.json:
@@ -368,7 +376,6 @@ def command(args) -> int:
     if args.csv:
         report.write_csv(args.csv, rows)
     if args.plot:
-        report.plot_busbw([r for r in rows if r["collective"] == args.collective.split(",")[0]], args.plot,
-                          f"{args.collective.split(',')[0]}, N={world.size}, {args.dtype}")
-    group.close()
-    return 1 if wrong else 0
+        first = args.collective.split(",")[0]
+        report.plot_busbw([r for r in rows if r["collective"] == first], args.plot,
+                          f"{first}, N={world.size}, {args.dtype}")

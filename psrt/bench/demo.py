@@ -20,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from psrt.bench.goal import Goal
+
 HELP = "PS vs ring on 4 emulated hosts at 1 Gbit/s with a 17 MB model: table, prediction and PNG (make demo)"
 ROOT = Path(__file__).resolve().parents[2]
 SUBNET = "198.18.6.0/24"
@@ -72,7 +74,7 @@ def command(args) -> int:
     print("\n" + verdict(runs, emulate))
     if plot(runs, png):
         print(f"psrt demo: wrote {png} (loss curves; step time split, predicted beside measured)")
-    from psrt.trace.__main__ import draw, load
+    from psrt.trace.view import draw, load
     timeline = Path(args.out) / "timeline.png"
     # psrt.train writes one timeline per strategy (trace.ps.json, trace.ring.json), on the same
     # clock: drawn together, the server's steps and then the ring's
@@ -109,32 +111,28 @@ RING_OVER_PS = 0.5
 PREDICTION_WITHIN = 0.20
 
 
-def goals(runs: dict, emulated: bool = True) -> list[dict]:
-    """The demo's goals as measured (goal, value, ok): ok is None where they do not apply
-    (local ranks share memory, not a link; no prediction was made)."""
+def goals(runs: dict, emulated: bool = True) -> list[Goal]:
+    """The demo's goals as measured: not judged where they do not apply (local ranks share
+    memory, not a link; no prediction was made)."""
     ps, ring = step_s(runs["ps"]), step_s(runs["ring"])
     where = "" if emulated else " (judged on emulated hosts only: these were local ranks)"
-    out = [{"goal": f"ring step <= {RING_OVER_PS:g}x the parameter server's{where}",
-            "value": f"{ring / ps:.2f}x", "ok": ring <= RING_OVER_PS * ps if emulated else None}]
     predicted = runs["ring"]["summary"].get("pred_step_s")
-    miss = ring / predicted - 1 if predicted else None
-    out.append({"goal": f"ring step within {PREDICTION_WITHIN:.0%} of the alpha-beta prediction{where}",
-                "value": f"{miss:+.0%}" if predicted else "no prediction was made",
-                "ok": abs(miss) <= PREDICTION_WITHIN if predicted and emulated else None})
-    return out
+    return [Goal(f"ring step <= {RING_OVER_PS:g}x the parameter server's{where}", "ring", "ps", "<=",
+                 RING_OVER_PS, ring / ps, judged=emulated),
+            Goal(f"ring step within {PREDICTION_WITHIN:.0%} of the alpha-beta prediction{where}", "ring",
+                 "alpha-beta prediction", "within", PREDICTION_WITHIN, ring / predicted if predicted else None,
+                 judged=emulated, missing="no prediction was made")]
 
 
 def verdict(runs: dict, emulated: bool = True) -> str:
     """The demo's two numbers (the ring's step against the server's, and against the model)
     and its goals, met or missed."""
-    from psrt.bench.report import status
     ps, ring = step_s(runs["ps"]), step_s(runs["ring"])
     text = f"psrt demo: ring step {ring * 1e3:.0f} ms = {ring / ps:.2f}x the parameter server's {ps * 1e3:.0f} ms"
     predicted = runs["ring"]["summary"].get("pred_step_s")
     if predicted:
         text += f"; the alpha-beta model predicted {predicted * 1e3:.0f} ms ({ring / predicted - 1:+.0%})"
-    lines = [text] + [f"psrt demo: goal {status(g)}: {g['goal']}: {g['value']}" for g in goals(runs, emulated)]
-    return "\n".join(lines)
+    return "\n".join([text] + [f"psrt demo: {g.line()}" for g in goals(runs, emulated)])
 
 
 def plot(runs: dict, path: Path) -> bool:

@@ -128,37 +128,63 @@ def read_timeline(path: Path) -> dict[str, dict[str, list[float]]]:
 def command(args) -> int:
     import psrt
     from psrt.bench import report
-    from psrt.bench.collectives import HOROVOD, measure, sizes_from
-    from psrt.bench.report import need
-    from psrt.dp.horovod import import_horovod, init_horovod
-    from psrt.train.report import fmt_bytes
-    need(args.repeats >= 1, f"--repeats {args.repeats}: must be at least 1")
+    from psrt.bench.collectives import sizes_from
+    from psrt.dp.horovod import import_horovod
+    report.need(args.repeats >= 1, f"--repeats {args.repeats}: must be at least 1")
     args.min_size = args.max_size = None
     sizes = sizes_from(args)
     import_horovod()
     world = psrt.init()
-    group = psrt.Communicator(world.comm)
-    points = [p for s in sizes for p in measure(group, "allreduce", ["native", "ring"], s, repeats=args.repeats)]
     grads = gradient_list(args.grads, world.rank + 1.0) if args.grads != "none" else None
+    points, steps, folder = measure(world, sizes, grads, args.repeats)
+    if world.rank != 0:
+        return 0
+    timeline = Path(folder) / "timeline.json"
+    rows = single_rows(points, sizes, read_timeline(timeline))
+    many = merged_phases(timeline, GRAD_NAME) if grads is not None else None
+    shutil.rmtree(folder, ignore_errors=True)
+    if not args.quiet:
+        print_single(rows, args, world)
+    step_row = None
+    if grads is not None:
+        step_row = many_tensor_row(args.grads, grads, steps, many)
+        if not args.quiet:
+            print_many(step_row, world.size)
+    if args.json:
+        report.write_json(args.json, {"meta": {"world_size": world.size, "mpi": report.mpi_version()}, "rows": rows,
+                                      "gradient_step": step_row})
+    return 1 if step_row and step_row["wrong"] else 0
+
+
+def measure(world, sizes: list[int], grads: list | None, repeats: int) -> tuple[list, dict, str]:
+    """(points of native, ring and Horovod per size, {way: time_steps of the gradient list},
+    the folder of Horovod's timeline): psrt and the MPI library first, Horovod last."""
+    import psrt
+    from psrt.bench.collectives import HOROVOD
+    from psrt.bench.collectives import measure as time_calls
+    from psrt.dp.horovod import init_horovod
+    group = psrt.Communicator(world.comm)
+    points = [p for s in sizes for p in time_calls(group, "allreduce", ["native", "ring"], s, repeats=repeats)]
     steps = {}
     if grads is not None:
         for algorithm in ("ring", "native"):
-            steps[algorithm] = time_steps(world.comm, grads, bucket_step(group, grads, algorithm), args.repeats)
+            steps[algorithm] = time_steps(world.comm, grads, bucket_step(group, grads, algorithm), repeats)
     # The timeline goes to a folder rank 0 made; Horovod reads the variable at init.
     folder = group.comm.bcast(tempfile.mkdtemp(prefix="psrt-hvd-") if world.rank == 0 else None, root=0)
-    timeline = Path(folder) / "timeline.json"
-    os.environ["HOROVOD_TIMELINE"] = str(timeline)
+    os.environ["HOROVOD_TIMELINE"] = str(Path(folder) / "timeline.json")
     hvd = init_horovod(group)
-    points += [p for s in sizes for p in measure(group, "allreduce", [HOROVOD], s, repeats=args.repeats)]
+    points += [p for s in sizes for p in time_calls(group, "allreduce", [HOROVOD], s, repeats=repeats)]
     if grads is not None:
-        steps[HOROVOD] = time_steps(world.comm, grads, horovod_step(hvd, grads), args.repeats)
+        steps[HOROVOD] = time_steps(world.comm, grads, horovod_step(hvd, grads), repeats)
     hvd.shutdown()
     group.close()
-    if world.rank != 0:
-        return 0
-    phases = read_timeline(timeline)
-    many = merged_phases(timeline, GRAD_NAME) if grads is not None else None
-    shutil.rmtree(folder, ignore_errors=True)
+    return points, steps, folder
+
+
+def single_rows(points: list, sizes: list[int], phases: dict) -> list[dict]:
+    """One row per size: Horovod's call split by its timeline, beside native and the ring."""
+    from psrt.bench.collectives import HOROVOD
+    from psrt.train.report import fmt_bytes
     at = {(p.algorithm, p.nbytes): p for p in points}
     rows = []
     for s in sizes:
@@ -173,34 +199,29 @@ def command(args) -> int:
                      "native_us": native.time_us, "ring_us": ring.time_us,
                      "ring_vs_horovod": hv.time_us / ring.time_us, "ring_vs_native": native.time_us / ring.time_us,
                      "calls_timed": len(split.get("MPI_ALLREDUCE", []))})
-    if not args.quiet:
-        cycle = os.environ.get("HOROVOD_CYCLE_TIME", "Horovod's default")
-        fusion = os.environ.get("HOROVOD_FUSION_THRESHOLD", "Horovod's default")
-        print(f"# Horovod's all-reduce on N={world.size} ranks ({world.num_nodes} host(s)), float32 CPU tensors; "
-              f"HOROVOD_CYCLE_TIME {cycle}, HOROVOD_FUSION_THRESHOLD {fusion}; phases from its timeline "
-              f"(median per call), calls timed with psrt's bench (median of {args.repeats} loops, slowest rank)")
-        report.table(rows, [("size", "size", ""), ("horovod_us", "horovod (us)", ".0f"),
-                            ("negotiate_us", "negotiate", ".0f"), ("memcpy_us", "fusion copies", ".0f"),
-                            ("mpi_allreduce_us", "MPI_Allreduce", ".0f"), ("rest_us", "rest", ".0f"),
-                            ("native_us", "native (us)", ".0f"), ("ring_us", "psrt ring (us)", ".0f"),
-                            ("ring_vs_horovod", "ring x horovod", ".2f"),
-                            ("ring_vs_native", "ring x native", ".2f")])
-        for r in rows:
-            share = min(r["mpi_allreduce_us"] / r["horovod_us"], 1.0)
-            print(f"# {r['size']}: {share:.0%} of Horovod's call is the MPI library's MPI_Allreduce, which takes "
-                  f"{r['mpi_allreduce_us'] / r['native_us']:.2f}x the same call made directly (Horovod's thread "
-                  f"runs it while the caller waits); 2x Horovod is a ring of {r['horovod_us'] / 2:.0f} us, "
-                  f"{2 * r['native_us'] / r['horovod_us']:.2f}x the direct call's speed (psrt's ring: "
-                  f"{r['ring_vs_native']:.2f}x)")
-    step_row = None
-    if grads is not None:
-        step_row = many_tensor_row(args.grads, grads, steps, many)
-        if not args.quiet:
-            print_many(step_row, world.size)
-    if args.json:
-        report.write_json(args.json, {"meta": {"world_size": world.size, "mpi": report.mpi_version()}, "rows": rows,
-                                      "gradient_step": step_row})
-    return 1 if step_row and step_row["wrong"] else 0
+    return rows
+
+
+def print_single(rows: list[dict], args, world) -> None:
+    from psrt.bench import report
+    cycle = os.environ.get("HOROVOD_CYCLE_TIME", "Horovod's default")
+    fusion = os.environ.get("HOROVOD_FUSION_THRESHOLD", "Horovod's default")
+    print(f"# Horovod's all-reduce on N={world.size} ranks ({world.num_nodes} host(s)), float32 CPU tensors; "
+          f"HOROVOD_CYCLE_TIME {cycle}, HOROVOD_FUSION_THRESHOLD {fusion}; phases from its timeline "
+          f"(median per call), calls timed with psrt's bench (median of {args.repeats} loops, slowest rank)")
+    report.table(rows, [("size", "size", ""), ("horovod_us", "horovod (us)", ".0f"),
+                        ("negotiate_us", "negotiate", ".0f"), ("memcpy_us", "fusion copies", ".0f"),
+                        ("mpi_allreduce_us", "MPI_Allreduce", ".0f"), ("rest_us", "rest", ".0f"),
+                        ("native_us", "native (us)", ".0f"), ("ring_us", "psrt ring (us)", ".0f"),
+                        ("ring_vs_horovod", "ring x horovod", ".2f"),
+                        ("ring_vs_native", "ring x native", ".2f")])
+    for r in rows:
+        share = min(r["mpi_allreduce_us"] / r["horovod_us"], 1.0)
+        print(f"# {r['size']}: {share:.0%} of Horovod's call is the MPI library's MPI_Allreduce, which takes "
+              f"{r['mpi_allreduce_us'] / r['native_us']:.2f}x the same call made directly (Horovod's thread "
+              f"runs it while the caller waits); 2x Horovod is a ring of {r['horovod_us'] / 2:.0f} us, "
+              f"{2 * r['native_us'] / r['horovod_us']:.2f}x the direct call's speed (psrt's ring: "
+              f"{r['ring_vs_native']:.2f}x)")
 
 
 def bucket_step(group, grads: list, algorithm: str):
@@ -229,27 +250,18 @@ def horovod_step(hvd, grads: list):
 
 
 def time_steps(comm, grads: list, step, repeats: int, min_time_s: float = 0.05) -> dict:
-    """{"s": median over `repeats` loops of the slowest rank's time per step, "steps": calls
-    made, "wrong": elements off the sum over ranks after the first call}.  The gradients are
-    refilled with rank + 1 first and left summed many times over."""
-    import time
+    """{"s": median over `repeats` rounds of about min_time_s of the slowest rank's time per
+    step, "steps": calls made, "wrong": elements off the sum over ranks after the first call}.
+    The gradients are refilled with rank + 1 first and left summed many times over."""
+    from psrt.bench import timing
     n, mine = comm.size, comm.rank + 1.0
     for g in grads:
         g.fill_(mine)
     step()
     wrong = comm.allreduce(sum(int((g != n * (n + 1) / 2).sum()) for g in grads))
-    step()
-    t0 = time.perf_counter()
-    step()
-    iters = comm.bcast(max(1, min(100, int(min_time_s / max(time.perf_counter() - t0, 1e-7)))), root=0)
-    times = []
-    for _ in range(repeats):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            step()
-        times.append(max(comm.allgather((time.perf_counter() - t0) / iters)))
-    return {"s": statistics.median(times), "steps": 3 + repeats * iters, "wrong": wrong}
+    t = timing.timed(comm, step, repeats, warmup=1, min_time_s=min_time_s, most=100)
+    # the check, the warm-up, the call that sized the rounds, and the rounds
+    return {"s": t.median, "steps": 3 + repeats * t.calls, "wrong": wrong}
 
 
 def many_tensor_row(model: str, grads: list, steps: dict, phases: dict) -> dict:

@@ -16,13 +16,14 @@ def _bench(args: list[str], out: str) -> list[str]:
     return [sys.executable, "-m", "psrt.bench"] + list(args) + ["--json", out]
 
 
-def _env() -> dict:
+def rank_env() -> dict:
     # One thread per rank, as mpi_launch sets it: torch's intra-op threads would fight the
     # other ranks for the cores and skew every comparison.
     return dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
 
 
-def _read(code: int, out: str, what: str) -> dict:
+def read_result(code: int, out: str, what: str) -> dict:
+    """The JSON a job (`what`) wrote to `out`, or a one-line error saying it failed."""
     if code != 0 or not os.path.exists(out):
         raise PsrtError(f"{what} failed (exit {code}); its output is above")
     with open(out) as f:
@@ -37,11 +38,11 @@ def local(np_: int, args: list[str], timeout_s: float | None = None, env: dict |
         out = os.path.join(tmp, "out.json")
         cmd = local_mpirun_prefix(np_, yield_when_idle="PSRT_YIELD" not in (env or {})) + _bench(args, out)
         try:
-            code = subprocess.run(cmd, stdin=subprocess.DEVNULL, env={**_env(), **(env or {})},
+            code = subprocess.run(cmd, stdin=subprocess.DEVNULL, env={**rank_env(), **(env or {})},
                                   timeout=timeout_s).returncode
         except subprocess.TimeoutExpired:
             raise PsrtError(f"`{' '.join(args[:1])}` on {np_} ranks took more than {timeout_s:.0f} s") from None
-        return _read(code, out, f"psrt.bench {args[0]} on {np_} local ranks")
+        return read_result(code, out, f"psrt.bench {args[0]} on {np_} local ranks")
 
 
 def on_cluster(cluster, ranks_per_host: list[tuple[str, int]], args: list[str]) -> dict:
@@ -58,9 +59,9 @@ def on_cluster(cluster, ranks_per_host: list[tuple[str, int]], args: list[str]) 
         out = os.path.join(tmp, "out.json")
         req = Request(command=tuple(_bench(args, out)), hosts=tuple(Host(h, n) for h, n in ranks_per_host),
                       np=sum(n for _, n in ranks_per_host), emulated=True, threads=1)
-        env = C.job_env(cluster, flavour, _env())
+        env = C.job_env(cluster, flavour, rank_env())
         plan = plan_mpirun(req, flavour, mpirun, env, os.cpu_count() or 1,
                            emulation=C.mpi_flags(cluster, flavour))
         code = run_job(C.exec_argv(cluster.hosts[0], plan.argv), {**env, **plan.env})
         layout = "+".join(str(n) for _, n in ranks_per_host)
-        return _read(code, out, f"psrt.bench {args[0]} on emulated hosts ({layout} ranks)")
+        return read_result(code, out, f"psrt.bench {args[0]} on emulated hosts ({layout} ranks)")

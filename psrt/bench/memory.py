@@ -10,9 +10,6 @@ ratio to one device, and the median step time of the slowest rank, zero3's again
 """
 from __future__ import annotations
 
-import statistics
-import time
-
 HELP = "ZeRO memory table (one device, zero1/2/3, FSDP2), measured vs formula; zero3 vs FSDP2 step"
 
 STRATEGIES = ("ring", "zero1", "zero2", "zero3")
@@ -49,17 +46,10 @@ def _loss_fn(model):
     return loss
 
 
-def _timed(world, steps) -> float:
+def _timed(world, step, batches: list) -> float:
     """Median over the steps after the first of the slowest rank's time."""
-    times = []
-    for i, step in enumerate(steps):
-        world.comm.Barrier()
-        t0 = time.perf_counter()
-        step()
-        t = max(world.comm.allgather(time.perf_counter() - t0))
-        if i:
-            times.append(t)
-    return statistics.median(times) if times else float("nan")
+    from psrt.bench import timing
+    return timing.timed(world.comm, timing.cycling(batches, step), len(batches) - 1, warmup=1).median
 
 
 def run_psrt(args, world, name: str) -> dict:
@@ -70,7 +60,7 @@ def run_psrt(args, world, name: str) -> dict:
     group = psrt.Communicator(world.comm)
     strategy = strategy_class(name)(model, lambda ps: torch.optim.Adam(ps, lr=1e-4), group)
     loss = _loss_fn(model)
-    step_s = _timed(world, [lambda b=b: strategy.step(loss, [b]) for b in _batches(args, world)])
+    step_s = _timed(world, lambda b: strategy.step(loss, [b]), _batches(args, world))
     held = memory.held(strategy)
     strategy.finish()
     group.close()
@@ -97,12 +87,12 @@ def run_fsdp2(args, world) -> dict:
         loss(batch).backward()
         opt.step()
         opt.zero_grad(set_to_none=False)      # keep the sharded gradients, as zero3 does
-    step_s = _timed(world, [lambda b=b: step(b) for b in _batches(args, world)])
+    step_s = _timed(world, step, _batches(args, world))
     local = lambda t: t.to_local() if hasattr(t, "to_local") else t  # noqa: E731
     params = list(model.parameters())
-    held = {"params": sum(memory._storages([local(p) for p in params]).values()),
-            "grads": sum(memory._storages([local(p.grad) for p in params if p.grad is not None]).values()),
-            "optimizer": sum(memory._storages([local(t) for t in memory.optimizer_tensors(opt)]).values()),
+    held = {"params": sum(memory.storages([local(p) for p in params]).values()),
+            "grads": sum(memory.storages([local(p.grad) for p in params if p.grad is not None]).values()),
+            "optimizer": sum(memory.storages([local(t) for t in memory.optimizer_tensors(opt)]).values()),
             "buffers": 0}
     return {"strategy": "fsdp2 (PyTorch)", "step_s": step_s, **held}
 

@@ -18,7 +18,8 @@ what an MoE step costs beside a dense one.
 from __future__ import annotations
 
 import statistics
-import time
+
+from psrt.bench import timing
 
 HELP = "MoE all-to-all (pairwise vs MPI Alltoallv vs alpha-beta), dense vs MoE step, padded vs variable dispatch"
 DISPATCH = ("variable", "padded")
@@ -42,16 +43,8 @@ def time_alltoall(group, nbytes: int, algorithm: str, repeats: int, calls: int =
     rows = max(nbytes // 4 // p, 1)
     x, out = torch.ones(rows * p), torch.empty(rows * p)
     counts = [rows] * p
-    times = []
-    for i in range(repeats + 1):
-        group.comm.Barrier()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            group.alltoallv(x, counts, counts, out=out, algorithm=algorithm)
-        t = max(group.comm.allgather((time.perf_counter() - t0) / calls))
-        if i:
-            times.append(t)
-    return statistics.median(times)
+    return timing.timed(group.comm, lambda: group.alltoallv(x, counts, counts, out=out, algorithm=algorithm),
+                        repeats, warmup=calls, per_round=calls).median
 
 
 def time_steps(group, nbytes: int, repeats: int, calls: int = 4) -> list[float]:
@@ -66,19 +59,8 @@ def time_steps(group, nbytes: int, repeats: int, calls: int = 4) -> list[float]:
     rows = max(nbytes // 4 // p, 1)
     x, out = torch.ones(rows * p), torch.empty(rows * p)
     off = offsets([rows] * p)
-    times = []
-    for k in range(1, p):
-        runs = []
-        for i in range(repeats + 1):
-            group.comm.Barrier()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                alltoall.step(group.comm, k, x, off, out, off)
-            t = max(group.comm.allgather((time.perf_counter() - t0) / calls))
-            if i:
-                runs.append(t)
-        times.append(statistics.median(runs))
-    return times
+    return [timing.timed(group.comm, lambda k=k: alltoall.step(group.comm, k, x, off, out, off), repeats,
+                         warmup=calls, per_round=calls).median for k in range(1, p)]
 
 
 def step_time(world, grid, name: str, steps: int, dispatch: str = "variable",
@@ -99,101 +81,130 @@ def step_time(world, grid, name: str, steps: int, dispatch: str = "variable",
     trainer = MoETrainer(model, lambda ps: torch.optim.SGD(ps, lr=0.1), grid, algorithm="ring")
     g = torch.Generator().manual_seed(1 + world.rank)
     batches = [torch.randint(len(data), (8,), generator=g) for _ in range(steps + 1)]
-    times, sent = [], []
-    for i, idx in enumerate(batches):
-        world.comm.Barrier()
-        t0 = time.perf_counter()
+    sent = []
+
+    def step(idx):
         stats = trainer.step(lambda mb: loss_and_correct(model, mb, "lm")[0], [(data.train_x[idx], data.train_y[idx])])
-        if i:
-            times.append(max(world.comm.allgather(time.perf_counter() - t0)))
-            sent.append(stats.extra.get("a2a_bytes", 0))
-    return statistics.mean(times), statistics.mean(world.comm.allgather(statistics.mean(sent)))
+        sent.append(stats.extra.get("a2a_bytes", 0))
+    t = timing.timed(world.comm, timing.cycling(batches, step), steps, warmup=1)
+    return t.mean, statistics.mean(world.comm.allgather(statistics.mean(sent[1:])))
+
+
+def check(args) -> list[int]:
+    """The sizes; bad values refused in one line."""
+    from psrt.bench.collectives import parse_size
+    from psrt.bench.report import need
+    need(args.repeats >= 1, f"--repeats {args.repeats}: must be at least 1")
+    need(args.capacity_factor > 0, f"--capacity-factor {args.capacity_factor}: must be a positive number")
+    try:
+        return [parse_size(s) for s in args.sizes.split(",")]
+    except ValueError as err:
+        need(False, f"--sizes: {err}")
 
 
 def command(args) -> int:
     import psrt
     from psrt.bench import report
-    from psrt.bench.collectives import parse_size
-    from psrt.bench.report import need
-    from psrt.collectives.cost import Fit, predict_alltoall
-    from psrt.grid import Grid, ep_ranks
     from psrt.train import prediction
-    from psrt.train.report import fmt_bytes
-    need(args.repeats >= 1, f"--repeats {args.repeats}: must be at least 1")
-    need(args.capacity_factor > 0, f"--capacity-factor {args.capacity_factor}: must be a positive number")
-    try:
-        sizes = [parse_size(s) for s in args.sizes.split(",")]
-    except ValueError as err:
-        need(False, f"--sizes: {err}")
+    sizes = check(args)
     world = psrt.init()
-    need(world.size >= 2, "bench moe needs at least 2 ranks (mpirun -np 2 ...)")
+    report.need(world.size >= 2, "bench moe needs at least 2 ranks (mpirun -np 2 ...)")
     ctl = world.comm.Dup()
     link = prediction.measure(world, ctl)
-    eps = [e for e in (2, 4, 8) if e <= world.size and world.size % e == 0]
-    rows = []
-    for ep in eps:
-        grid = Grid.build(world.comm, ep=ep)
-        for m in sizes:
-            row = {"ep": ep, "size": fmt_bytes(m), "nbytes": m}
-            for algo in ("pairwise", "native"):
-                row[algo] = time_alltoall(grid.ep_group, m, algo, args.repeats)
-            row["steps_s"] = time_steps(grid.ep_group, m, args.repeats)
-            rows.append(row)
-        grid.free()
-    steps, a2a = {}, {}
-    if args.steps:
-        grid = Grid.build(world.comm, ep=world.size)
-        steps["transformer"], _ = step_time(world, grid, "transformer", args.steps)
-        for dispatch in DISPATCH:
-            key = "moe" if dispatch == "variable" else f"moe {dispatch}"
-            steps[key], a2a[key] = step_time(world, grid, "moe", args.steps, dispatch, args.capacity_factor)
-        grid.free()
+    rows = measure_exchange(world, sizes, args.repeats)
+    steps, a2a = measure_steps(world, args.steps, args.capacity_factor) if args.steps else ({}, {})
     ctl.Free()
     if world.rank != 0:
         return 0
-    cols = [("ep", "EP", "d"), ("size", "size", ""), ("pairwise", "pairwise (ms)", ".3f", 1e3),
-            ("native", "MPI Alltoallv (ms)", ".3f", 1e3)]
-    for r in rows:
-        r["pairwise_vs_native"] = r["native"] / r["pairwise"]
-        if link is not None:
-            n, ep = world.size, r["ep"]
-            groups = [ep_ranks(first, n, 1, 1, ep) for first in range(0, n, ep)]
-            fit = Fit(link["alpha_s"], link["beta_s_per_byte"], 1.0)
-            r["predicted"] = predict_alltoall(groups, r["nbytes"], link["host_of"], fit)
-            if r["predicted"] is not None:       # None: every group inside one host
-                r["error"] = r["pairwise"] / r["predicted"] - 1
-    if link is not None:
-        cols += [("predicted", "predicted (ms)", ".3f", 1e3), ("error", "error", "+.0%")]
+    add_ratios(rows, link, world.size)
     if not args.quiet:
-        if link is None:
-            print(f"# MoE all-to-all, N={world.size}; no prediction (see above); size = bytes each rank sends")
-        else:
-            one_per_host = link["hosts"] == world.size
-            where = "one rank per host" if one_per_host else f"{link['hosts']} host(s)"
-            print(f"# MoE all-to-all, N={world.size} ({where}); ping-pong {link['between']}: alpha "
-                  f"{link['alpha_s'] * 1e6:.1f} us, {1 / link['beta_s_per_byte'] / 1e6:.0f} MB/s; size = bytes "
-                  "each rank sends; predicted = pairwise exchange, EP-1 steps of alpha + beta x the busiest "
-                  "link's bytes"
-                  + ("" if one_per_host else " (ranks share hosts: the link model is a rough guide)"))
-        report.table(rows, cols + [("pairwise_vs_native", "x native", ".2f")])
-        print("# the pairwise exchange's steps timed one at a time (ms), beside their sum and the whole exchange"
-              + ("" if link is None else "; one step alone by the ping-pong fit: alpha + beta x size/EP"))
-        for r in rows:
-            alone = "" if link is None else \
-                f"; ping-pong fit {(link['alpha_s'] + r['nbytes'] / r['ep'] * link['beta_s_per_byte']) * 1e3:.2f}"
-            print(f"  EP {r['ep']} {r['size']}: steps " + ", ".join(f"{t * 1e3:.2f}" for t in r["steps_s"])
-                  + f" (sum {sum(r['steps_s']) * 1e3:.2f}, whole {r['pairwise'] * 1e3:.2f}){alone}")
+        print_exchange(rows, link, world.size)
         if steps:
-            print(f"# step time, dense transformer vs MoE (top-1, {world.size} experts of the dense MLP's shape, "
-                  f"EP={world.size}): {steps['transformer'] * 1e3:.1f} ms vs {steps['moe'] * 1e3:.1f} ms "
-                  f"({steps['moe'] / steps['transformer']:.2f}x), same active parameters per token")
-            padded = "moe padded"
-            print(f"# MoE dispatch at capacity factor {args.capacity_factor:g}: padded {steps[padded] * 1e3:.1f} ms "
-                  f"and {fmt_bytes(a2a[padded])} of all-to-all per rank and step vs variable "
-                  f"{steps['moe'] * 1e3:.1f} ms and {fmt_bytes(a2a['moe'])} "
-                  f"({steps[padded] / steps['moe']:.2f}x the time, {a2a[padded] / max(a2a['moe'], 1):.2f}x the bytes)")
+            print_steps(steps, a2a, args.capacity_factor, world.size)
     if args.json:
         report.write_json(args.json, {"meta": {"world_size": world.size, "capacity_factor": args.capacity_factor,
                                                "link": link and {k: v for k, v in link.items() if k != "host_of"}},
                                       "rows": rows, "steps": steps, "a2a_bytes": a2a})
     return 0
+
+
+def measure_exchange(world, sizes: list[int], repeats: int) -> list[dict]:
+    """Both all-to-alls and the pairwise exchange's steps alone, per EP dividing N and size."""
+    from psrt.grid import Grid
+    from psrt.train.report import fmt_bytes
+    rows = []
+    for ep in [e for e in (2, 4, 8) if e <= world.size and world.size % e == 0]:
+        grid = Grid.build(world.comm, ep=ep)
+        for m in sizes:
+            row = {"ep": ep, "size": fmt_bytes(m), "nbytes": m}
+            for algo in ("pairwise", "native"):
+                row[algo] = time_alltoall(grid.ep_group, m, algo, repeats)
+            row["steps_s"] = time_steps(grid.ep_group, m, repeats)
+            rows.append(row)
+        grid.free()
+    return rows
+
+
+def measure_steps(world, count: int, capacity_factor: float) -> tuple[dict, dict]:
+    """({model: step s}, {model: all-to-all bytes per rank and step}): dense against MoE,
+    EP = N, MoE with each dispatch shape."""
+    from psrt.grid import Grid
+    steps, a2a = {}, {}
+    grid = Grid.build(world.comm, ep=world.size)
+    steps["transformer"], _ = step_time(world, grid, "transformer", count)
+    for dispatch in DISPATCH:
+        key = "moe" if dispatch == "variable" else f"moe {dispatch}"
+        steps[key], a2a[key] = step_time(world, grid, "moe", count, dispatch, capacity_factor)
+    grid.free()
+    return steps, a2a
+
+
+def add_ratios(rows: list[dict], link: dict | None, n: int) -> None:
+    """x native, and with a ping-pong fit the pairwise exchange's prediction and its error."""
+    from psrt.collectives.cost import Fit, predict_alltoall
+    from psrt.grid import ep_ranks
+    for r in rows:
+        r["pairwise_vs_native"] = r["native"] / r["pairwise"]
+        if link is not None:
+            groups = [ep_ranks(first, n, 1, 1, r["ep"]) for first in range(0, n, r["ep"])]
+            fit = Fit(link["alpha_s"], link["beta_s_per_byte"], 1.0)
+            r["predicted"] = predict_alltoall(groups, r["nbytes"], link["host_of"], fit)
+            if r["predicted"] is not None:       # None: every group inside one host
+                r["error"] = r["pairwise"] / r["predicted"] - 1
+
+
+def print_exchange(rows: list[dict], link: dict | None, n: int) -> None:
+    from psrt.bench import report
+    cols = [("ep", "EP", "d"), ("size", "size", ""), ("pairwise", "pairwise (ms)", ".3f", 1e3),
+            ("native", "MPI Alltoallv (ms)", ".3f", 1e3)]
+    if link is None:
+        print(f"# MoE all-to-all, N={n}; no prediction (see above); size = bytes each rank sends")
+    else:
+        cols += [("predicted", "predicted (ms)", ".3f", 1e3), ("error", "error", "+.0%")]
+        one_per_host = link["hosts"] == n
+        where = "one rank per host" if one_per_host else f"{link['hosts']} host(s)"
+        print(f"# MoE all-to-all, N={n} ({where}); ping-pong {link['between']}: alpha "
+              f"{link['alpha_s'] * 1e6:.1f} us, {1 / link['beta_s_per_byte'] / 1e6:.0f} MB/s; size = bytes "
+              "each rank sends; predicted = pairwise exchange, EP-1 steps of alpha + beta x the busiest "
+              "link's bytes"
+              + ("" if one_per_host else " (ranks share hosts: the link model is a rough guide)"))
+    report.table(rows, cols + [("pairwise_vs_native", "x native", ".2f")])
+    print("# the pairwise exchange's steps timed one at a time (ms), beside their sum and the whole exchange"
+          + ("" if link is None else "; one step alone by the ping-pong fit: alpha + beta x size/EP"))
+    for r in rows:
+        alone = "" if link is None else \
+            f"; ping-pong fit {(link['alpha_s'] + r['nbytes'] / r['ep'] * link['beta_s_per_byte']) * 1e3:.2f}"
+        print(f"  EP {r['ep']} {r['size']}: steps " + ", ".join(f"{t * 1e3:.2f}" for t in r["steps_s"])
+              + f" (sum {sum(r['steps_s']) * 1e3:.2f}, whole {r['pairwise'] * 1e3:.2f}){alone}")
+
+
+def print_steps(steps: dict, a2a: dict, capacity_factor: float, n: int) -> None:
+    from psrt.train.report import fmt_bytes
+    print(f"# step time, dense transformer vs MoE (top-1, {n} experts of the dense MLP's shape, "
+          f"EP={n}): {steps['transformer'] * 1e3:.1f} ms vs {steps['moe'] * 1e3:.1f} ms "
+          f"({steps['moe'] / steps['transformer']:.2f}x), same active parameters per token")
+    padded = "moe padded"
+    print(f"# MoE dispatch at capacity factor {capacity_factor:g}: padded {steps[padded] * 1e3:.1f} ms "
+          f"and {fmt_bytes(a2a[padded])} of all-to-all per rank and step vs variable "
+          f"{steps['moe'] * 1e3:.1f} ms and {fmt_bytes(a2a['moe'])} "
+          f"({steps[padded] / steps['moe']:.2f}x the time, {a2a[padded] / max(a2a['moe'], 1):.2f}x the bytes)")

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 
 from psrt.bench import jobs
+from psrt.bench.goal import Goal
 from psrt.collectives import cost as alpha_beta
 from psrt.train.report import Progress, fmt_bytes
 
@@ -66,8 +67,8 @@ def quicken(ns):
 def size_for(rate: str, fastest: str, size: int) -> int:
     """`size` at the fastest rate; slower links get proportionally less (a power of two, at
     least 1 MiB), so every rate takes about as long."""
-    from psrt.launch.cluster import _rate_bytes
-    scaled = size * _rate_bytes(rate) / _rate_bytes(fastest)
+    from psrt.launch.cluster import rate_bytes
+    scaled = size * rate_bytes(rate) / rate_bytes(fastest)
     return max(1 << 20, min(size, 1 << int(math.log2(max(scaled, 1)))))
 
 
@@ -84,7 +85,7 @@ def run(args) -> dict:
     """Every measurement, fit and prediction of the regime; returns the report payload."""
     from psrt.launch import cluster as C
     C.require_netns()
-    fastest = max(args.rates, key=C._rate_bytes)
+    fastest = max(args.rates, key=C.rate_bytes)
     sizes = {rate: size_for(rate, fastest, args.size) for rate in args.rates}
     todo = groups(args)
     progress = Progress(sum(len(lays) + (rate is not None) for rate, _, lays in todo), "network",
@@ -162,51 +163,33 @@ COLUMNS = [("rate", "link", ""), ("layout", "hosts x ranks", ""), ("size", "size
            ("floor_s", "unshaped (s)", ".3f"), ("bound", "bound by", ""), ("wrong", "#wrong", "d")]
 
 
-def goals(payload: dict) -> list[dict]:
-    """The issue's promises, as ratios measured in this run: [{goal, value, ok}]."""
+def goals(payload: dict) -> list[Goal]:
+    """The regime's promises, as ratios measured in this run."""
     rows = payload["rows"]
     out = []
-
-    def at(rate, hosts, per_host, algo):
-        return next((r for r in rows if (r["rate"], r["hosts"], r["per_host"], r["algorithm"])
-                     == (rate, hosts, per_host, algo)), None)
-
     for rate in dict.fromkeys(r["rate"] for r in rows):
         counts = sorted({r["hosts"] for r in rows if r["rate"] == rate and r["per_host"] == 1})
         if counts and counts[-1] >= 8:
-            ps, ring = at(rate, counts[-1], 1, "ps"), at(rate, counts[-1], 1, "ring")
-            ratio = ps["measured_s"] / ring["measured_s"]
-            out.append({"goal": f"{rate}, {counts[-1]} hosts: ring >= 3x faster than ps",
-                        "value": f"{ratio:.2f}x", "ok": ratio >= 3})
+            ps, ring = _at(rows, rate, counts[-1], 1, "ps"), _at(rows, rate, counts[-1], 1, "ring")
+            out.append(Goal(f"{rate}, {counts[-1]} hosts: ring >= 3x faster than ps", "ring", "ps", ">=", 3.0,
+                            ps["measured_s"] / ring["measured_s"]))
         if len(counts) > 1:
-            # Growth from the fewest hosts to the most, against the model's: the ring's
-            # per-link bytes 2(N-1)/N x M stay below 2M, the server's link carries (N-1)M.
-            lo, hi = counts[0], counts[-1]
-            pair = {(h, a): at(rate, h, 1, a) for h in (lo, hi) for a in ("ring", "ps")}
-            (rg, rm), (pg, pm) = [(pair[hi, a]["measured_s"] / pair[lo, a]["measured_s"],
-                                   pair[hi, a]["predicted_s"] / pair[lo, a]["predicted_s"]) for a in ("ring", "ps")]
-            bound = all(r["network_bound"] for r in pair.values())
-            why = "no unshaped runs" if any(r["floor_s"] is None for r in pair.values()) else "CPU-bound rows"
-            out.append({"goal": f"{rate}, {lo} -> {hi} hosts: ring nearly flat (model {rm:.2f}x), "
-                                f"ps linear (model {pm:.2f}x)",
-                        "value": f"ring {rg:.2f}x, ps {pg:.2f}x" + ("" if bound else f" ({why}: not judged)"),
-                        "ok": (rg <= 2.0 and pg >= 0.7 * pm) if bound else None})
-        ps, ring = at(rate, 2, 4, "ps"), at(rate, 2, 4, "ring")
+            out += growth_goals(rows, rate, counts[0], counts[-1])
+        ps, ring = _at(rows, rate, 2, 4, "ps"), _at(rows, rate, 2, 4, "ring")
         if ps and ring:
-            ratio = ps["measured_s"] / ring["measured_s"]
-            out.append({"goal": f"{rate}, two_nodes (2x4): ps/ring near the model's 2.3x",
-                        "value": f"{ratio:.2f}x", "ok": ratio >= 2})
+            out.append(Goal(f"{rate}, two_nodes (2x4): ps/ring near the model's 2.3x", "ring", "ps", ">=", 2.0,
+                            ps["measured_s"] / ring["measured_s"]))
         out += hierarchical_goals(rows, rate)
         checked = [r for r in rows if r["rate"] == rate and r["predicted_s"] and r["network_bound"]]
         if checked:
             worst = max(checked, key=lambda r: abs(r["error"]))
-            out.append({"goal": f"{rate}: alpha-beta within {TOLERANCE:.0%} where network-bound ({len(checked)} rows)",
-                        "value": f"worst {worst['error']:+.0%} ({worst['layout']} {worst['algorithm']})",
-                        "ok": abs(worst["error"]) <= TOLERANCE})
+            out.append(Goal(f"{rate}: alpha-beta within {TOLERANCE:.0%} where network-bound ({len(checked)} rows)",
+                            f"{worst['layout']} {worst['algorithm']}", "alpha-beta prediction", "within", TOLERANCE,
+                            1 + worst["error"], worst=True, detail=f"({worst['layout']} {worst['algorithm']})"))
     return out
 
 
-def hierarchical_goals(rows: list[dict], rate: str) -> list[dict]:
+def hierarchical_goals(rows: list[dict], rate: str) -> list[Goal]:
     """Hosts of several ranks, at 16 MiB or more: hierarchical against the flat ring (2x4:
     1.5x and within 20% of its two-level prediction; 4x2: 1.3x)."""
     out = []
@@ -216,13 +199,36 @@ def hierarchical_goals(rows: list[dict], rate: str) -> list[dict]:
         if "ring" not in pick or "hierarchical" not in pick:
             continue
         h = pick["hierarchical"]
-        ratio = pick["ring"]["measured_s"] / h["measured_s"]
-        out.append({"goal": f"{rate}, {hosts}x{per_host}, {h['size']}: hierarchical >= {want}x faster than ring",
-                    "value": f"{ratio:.2f}x", "ok": ratio >= want})
+        out.append(Goal(f"{rate}, {hosts}x{per_host}, {h['size']}: hierarchical >= {want}x faster than ring",
+                        "hierarchical", "ring", ">=", want, pick["ring"]["measured_s"] / h["measured_s"]))
         if (hosts, per_host) == (2, 4) and h["two_level_s"]:
-            out.append({"goal": f"{rate}, 2x4, {h['size']}: hierarchical within {TOLERANCE:.0%} of its two-level model",
-                        "value": f"{h['two_level_error']:+.0%}", "ok": abs(h["two_level_error"]) <= TOLERANCE})
+            out.append(Goal(f"{rate}, 2x4, {h['size']}: hierarchical within {TOLERANCE:.0%} of its two-level model",
+                            "hierarchical", "its two-level prediction", "within", TOLERANCE,
+                            1 + h["two_level_error"]))
     return out
+
+
+def _at(rows: list[dict], rate, hosts: int, per_host: int, algo: str) -> dict | None:
+    return next((r for r in rows if (r["rate"], r["hosts"], r["per_host"], r["algorithm"])
+                 == (rate, hosts, per_host, algo)), None)
+
+
+def growth_goals(rows: list[dict], rate, lo: int, hi: int) -> list[Goal]:
+    """Time from the fewest hosts to the most, against the model's growth: the ring's per-link
+    bytes 2(N-1)/N x M stay below 2M (nearly flat), the server's link carries (N-1)M (linear).
+    Judged only where every row is network-bound."""
+    pair = {(h, a): _at(rows, rate, h, 1, a) for h in (lo, hi) for a in ("ring", "ps")}
+    (rg, rm), (pg, pm) = [(pair[hi, a]["measured_s"] / pair[lo, a]["measured_s"],
+                           pair[hi, a]["predicted_s"] / pair[lo, a]["predicted_s"]) for a in ("ring", "ps")]
+    bound = all(r["network_bound"] for r in pair.values())
+    why = "" if bound else "(no unshaped runs: not judged)" if any(r["floor_s"] is None for r in pair.values()) \
+        else "(CPU-bound rows: not judged)"
+    head = f"{rate}, {lo} -> {hi} hosts"
+    return [Goal(f"{head}: ring nearly flat (model {rm:.2f}x): its time grows <= 2x", f"ring at {hi} hosts",
+                 f"ring at {lo} hosts", "<=", 2.0, rg, detail=why, judged=bound),
+            Goal(f"{head}: ps linear (model {pm:.2f}x): its time grows >= 0.7x the model's", f"ps at {hi} hosts",
+                 f"ps at {lo} hosts, times the model's growth", ">=", 0.7, pg / pm,
+                 detail=f"(grew {pg:.2f}x)" + (f" {why}" if why else ""), judged=bound)]
 
 
 def fit_lines(payload: dict) -> list[str]:
@@ -300,11 +306,11 @@ def check(args) -> None:
     """Refuse bad values in one line; turn the text options into lists and bytes."""
     from psrt.bench.collectives import parse_size
     from psrt.bench.report import need
-    from psrt.launch.cluster import _RATE
+    from psrt.launch.cluster import RATE
     need(args.repeats >= 1, f"--repeats {args.repeats}: must be at least 1")
     need(args.warmup >= 0, f"--warmup {args.warmup}: must not be negative")
     args.rates = [r.strip() for r in args.rates.split(",")]
-    bad = [r for r in args.rates if not _RATE.match(r)]
+    bad = [r for r in args.rates if not RATE.match(r)]
     need(not bad, f"--rates {','.join(bad)}: expected tc rates such as 1gbit,100mbit")
     parts = args.hosts_text.split(",")
     need(all(p.strip().isdigit() and 2 <= int(p) <= 64 for p in parts),
@@ -326,13 +332,14 @@ def check(args) -> None:
 def command(args) -> int:
     """PS vs ring on emulated hosts with shaped links, measured and predicted (root)."""
     check(args)
-    from psrt.bench import report
+    from psrt.bench import goal, report
     if args.quick:
         quicken(args)
     payload = run(args)
-    payload["goals"] = goals(payload)
+    found = goals(payload)
+    payload["goals"] = goal.rows(found)
     print_report(payload)
-    report.print_goals(payload["goals"])
+    goal.print_goals(found)
     if args.json:
         report.write_json(args.json, payload)
     if args.csv:

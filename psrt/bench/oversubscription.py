@@ -50,10 +50,10 @@ def under_srun(args, yield_: str) -> dict:
             out = os.path.join(tmp, "out.json")
             argv = ["srun", "-N", "2", "-n", str(args.np), "--mpi=pmix", sys.executable, "-m", "psrt.bench",
                     *training_args(args), "--json", out]
-            env = C.job_env(cluster, "openmpi4", dict(jobs._env(), PSRT_YIELD=yield_))
+            env = C.job_env(cluster, "openmpi4", dict(jobs.rank_env(), PSRT_YIELD=yield_))
             code = subprocess.run(C.exec_argv(cluster.hosts[0], argv), env=env, cwd=ROOT,
                                   stdin=subprocess.DEVNULL).returncode
-            return jobs._read(code, out, f"srun -n {args.np} psrt.bench training (PSRT_YIELD={yield_})")
+            return jobs.read_result(code, out, f"srun -n {args.np} psrt.bench training (PSRT_YIELD={yield_})")
 
 
 def mpi_yields(seen: list) -> str:

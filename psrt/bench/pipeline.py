@@ -23,6 +23,7 @@ import time
 import torch
 from torch import nn
 
+from psrt.bench import timing
 from psrt.pp import PipelineRuntime, build_stages, make_schedule
 
 
@@ -61,15 +62,14 @@ def bubble(comm, schedules=(("gpipe", 1), ("1f1b", 1), ("interleaved", 2)), micr
             stages = {s: SleepStage(t_f / v, 2 * t_f / v) for s in sched.stages_of(comm.Get_rank())}
             rt = PipelineRuntime(stages, sched, comm, lambda y, t: (y * t).sum(), timeout_s=60)
             x = [torch.ones(4, requires_grad=True) for _ in range(m)]
-            rt.step(x, x)                                  # warm-up: first messages, allocation
-            comm.Barrier()
-            st = rt.step(x, x)
+            stats = []
+            # one warm-up step (first messages, allocation), then one timed step
+            makespan = timing.timed(comm, lambda: stats.append(rt.step(x, x)), 1, warmup=1).median
             # Idle share of p ranks x the step's makespan (the papers' definition): ranks start
             # together after the barrier, and the slowest rank's step time is the makespan.
-            times = comm.allgather((st.busy_s, st.total_s))
-            makespan = max(t for _, t in times)
+            busy = comm.allgather(stats[-1].busy_s)
             rows.append({"schedule": name, "p": p, "v": v, "m": m,
-                         "measured": 1.0 - sum(b for b, _ in times) / (p * makespan),
+                         "measured": 1.0 - sum(busy) / (p * makespan),
                          "theory": (p - 1) / (v * m + p - 1),
                          "theory_div_v": (p - 1) / (m + p - 1) / v,
                          "step_s": makespan, "ideal_s": m * 3 * t_f})

@@ -88,16 +88,6 @@ def mpi_version() -> str:
     return MPI.Get_library_version().splitlines()[0].strip()
 
 
-def status(goal: dict) -> str:
-    return {True: "met", False: "MISSED", None: "n/a"}[goal["ok"]]
-
-
-def print_goals(goals: list[dict]) -> None:
-    for g in goals:
-        print(f"goal {status(g)}  {g['goal']}: {g['value']}")
-    sys.stdout.flush()
-
-
 def need(ok: bool, text: str) -> None:
     """A bad command-line value: one line, on rank 0 only."""
     if not ok:

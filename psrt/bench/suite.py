@@ -22,7 +22,8 @@ import platform
 import sys
 from pathlib import Path
 
-from psrt.bench import jobs, report, training
+from psrt.bench import goal, jobs, report, training
+from psrt.bench.goal import Goal
 from psrt.errors import PsrtError
 from psrt.train.report import fmt_bytes
 
@@ -32,7 +33,6 @@ COLLECTIVE_ALGORITHMS = ("ps", "ring", "halving-doubling", "tree", "native", "to
 PER_CALL_ALGORITHMS = ("ring", "halving-doubling", "tree", "ps")
 PER_CALL_SIZES = (4, 1024)
 PER_CALL_GOAL = 2.0
-TRACE_GOAL = 1.05       # the ring DDP step with psrt.trace recording, over the step without
 
 HELP = ("collectives, training and the network-bound regime in one run, with a Markdown report, "
         "JSON, CSV and plots (runs its own MPI jobs)")
@@ -90,76 +90,85 @@ def command(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     plan = settings(args)
-    no_netns = netns_ok()
-    horovod = training.available(["horovod"]) == ["horovod"]
-    sections, goals = [], []
     say = (lambda text: None) if args.quiet else (lambda text: print(f"psrt.bench suite: {text}", file=sys.stderr, flush=True))
-    if "collectives" in args.parts:
-        algos = ",".join(training.available(list(COLLECTIVE_ALGORITHMS)))
-        rows = []
-        for n in plan["np"]:
-            say(f"collectives on {n} ranks")
-            got = jobs.local(n, ["collectives", "--quiet", "--algorithms", algos] + plan["coll"])
-            rows += got["rows"]
-            report.plot_busbw(rows_of(got["rows"], n), out / f"allreduce_np{n}.png",
-                              f"allreduce busbw, N={n} ranks on one host, float32")
-        report.write_json(out / "collectives.json", {"rows": rows})
-        report.write_csv(out / "collectives.csv", rows)
-        sections.append(collectives_section(rows, plan["np"]))
-        goals += collectives_goals(rows, horovod)
-        calls = []
-        for n in plan["np"]:
-            say(f"per-call cost on {n} ranks")
-            calls += jobs.local(n, ["collectives", "--quiet"] + plan["per_call"])["rows"]
-        from psrt.bench.collectives import against_floors
-        against_floors(calls)
-        report.write_json(out / "per_call.json", {"rows": calls})
-        report.write_csv(out / "per_call.csv", calls)
-        sections.append(per_call_section(calls))
-        goals += per_call_goals(calls)
-    if "training" in args.parts:
-        dps = ",".join(training.available(list(training.DEFAULT_STRATEGIES)))
-        rows = []
-        for n in plan["train_np"]:
-            say(f"training on {n} rank(s)")
-            # the ring again with a timeline recorded (ring+trace): tracing's overhead
-            trace = ["--trace", str(out / f"trace_np{n}.json")] if n > 1 and "ring" in dps.split(",") else []
-            got = jobs.local(n, ["training", "--quiet", "--dp", "ring" if n == 1 else dps] + trace + plan["train"])
-            rows += [dict(r, where="one host") for r in got["rows"]]
-        if plan["cluster_np"] and no_netns is None:
-            from psrt.launch import cluster as C
-            cluster = C.Cluster(("node0", "node1"), "198.18.8.0/24")
-            with C.running(cluster):
-                for n in plan["cluster_np"]:
-                    say(f"training on {n} ranks over 2 emulated hosts")
-                    got = jobs.on_cluster(cluster, [("node0", n // 2), ("node1", n // 2)],
-                                          ["training", "--quiet", "--dp", dps] + plan["train"])
-                    rows += [dict(r, where="2 emulated hosts") for r in got["rows"]]
-        training.scaling([r for r in rows if r["ranks"] > 1], next((r for r in rows if r["ranks"] == 1), None))
-        report.write_json(out / "training.json", {"rows": rows})
-        report.write_csv(out / "training.csv", rows)
-        plot_training(rows, out / "training.png")
-        sections.append(training_section(rows))
-        goals += training_goals(rows)
-    if "network" in args.parts:
-        if no_netns is not None:
-            sections.append(f"## Network-bound regime\n\nNot run: {no_netns}\n")
-        else:
-            from psrt.bench import network
-            say("network-bound regime on emulated hosts")
-            nargs = network.defaults(args.quick, args.quiet)
-            payload = network.run(nargs)
-            payload["goals"] = network.goals(payload)
-            report.write_json(out / "network.json", payload)
-            report.write_csv(out / "network.csv", payload["rows"])
-            network.plot(payload, out / "network.png")
-            sections.append(network_section(payload))
-            goals += payload["goals"]
+    sections, goals = [], []
+    for part, run in (("collectives", collectives_part), ("training", training_part), ("network", network_part)):
+        if part in args.parts:
+            texts, met = run(args, plan, out, say)
+            sections += texts
+            goals += met
     text = markdown(args, sections, goals)
     (out / "report.md").write_text(text)
     print(text)
     print(f"wrote {out}/report.md and the JSON, CSV and PNG files beside it", file=sys.stderr)
     return 0
+
+
+def collectives_part(args, plan: dict, out: Path, say) -> tuple[list[str], list[Goal]]:
+    """The all-reduce sweep per world size, then the per-call cost against the floors."""
+    from psrt.bench.collectives import against_floors
+    horovod = training.available(["horovod"]) == ["horovod"]
+    algos = ",".join(training.available(list(COLLECTIVE_ALGORITHMS)))
+    rows = []
+    for n in plan["np"]:
+        say(f"collectives on {n} ranks")
+        got = jobs.local(n, ["collectives", "--quiet", "--algorithms", algos] + plan["coll"])
+        rows += got["rows"]
+        report.plot_busbw(rows_of(got["rows"], n), out / f"allreduce_np{n}.png",
+                          f"allreduce busbw, N={n} ranks on one host, float32")
+    report.write_json(out / "collectives.json", {"rows": rows})
+    report.write_csv(out / "collectives.csv", rows)
+    calls = []
+    for n in plan["np"]:
+        say(f"per-call cost on {n} ranks")
+        calls += jobs.local(n, ["collectives", "--quiet"] + plan["per_call"])["rows"]
+    against_floors(calls)
+    report.write_json(out / "per_call.json", {"rows": calls})
+    report.write_csv(out / "per_call.csv", calls)
+    return ([collectives_section(rows, plan["np"]), per_call_section(calls)],
+            collectives_goals(rows, horovod) + per_call_goals(calls))
+
+
+def training_part(args, plan: dict, out: Path, say) -> tuple[list[str], list[Goal]]:
+    """Every strategy per world size on this host, and as root on 2 emulated hosts."""
+    dps = ",".join(training.available(list(training.DEFAULT_STRATEGIES)))
+    rows = []
+    for n in plan["train_np"]:
+        say(f"training on {n} rank(s)")
+        # the ring again with a timeline recorded (ring+trace): tracing's overhead
+        trace = ["--trace", str(out / f"trace_np{n}.json")] if n > 1 and "ring" in dps.split(",") else []
+        got = jobs.local(n, ["training", "--quiet", "--dp", "ring" if n == 1 else dps] + trace + plan["train"])
+        rows += [dict(r, where="one host") for r in got["rows"]]
+    if plan["cluster_np"] and netns_ok() is None:
+        from psrt.launch import cluster as C
+        cluster = C.Cluster(("node0", "node1"), "198.18.8.0/24")
+        with C.running(cluster):
+            for n in plan["cluster_np"]:
+                say(f"training on {n} ranks over 2 emulated hosts")
+                got = jobs.on_cluster(cluster, [("node0", n // 2), ("node1", n // 2)],
+                                      ["training", "--quiet", "--dp", dps] + plan["train"])
+                rows += [dict(r, where="2 emulated hosts") for r in got["rows"]]
+    training.scaling([r for r in rows if r["ranks"] > 1], next((r for r in rows if r["ranks"] == 1), None))
+    report.write_json(out / "training.json", {"rows": rows})
+    report.write_csv(out / "training.csv", rows)
+    plot_training(rows, out / "training.png")
+    return [training_section(rows)], training.goals(rows)
+
+
+def network_part(args, plan: dict, out: Path, say) -> tuple[list[str], list[Goal]]:
+    """PS vs ring on shaped emulated hosts (root), or why not."""
+    no_netns = netns_ok()
+    if no_netns is not None:
+        return [f"## Network-bound regime\n\nNot run: {no_netns}\n"], []
+    from psrt.bench import network
+    say("network-bound regime on emulated hosts")
+    payload = network.run(network.defaults(args.quick, args.quiet))
+    goals = network.goals(payload)
+    payload["goals"] = goal.rows(goals)
+    report.write_json(out / "network.json", payload)
+    report.write_csv(out / "network.csv", payload["rows"])
+    network.plot(payload, out / "network.png")
+    return [network_section(payload)], goals
 
 
 def rows_of(rows: list[dict], n: int) -> list[dict]:
@@ -168,7 +177,7 @@ def rows_of(rows: list[dict], n: int) -> list[dict]:
 
 # --- goals ------------------------------------------------------------------------------------
 
-def collectives_goals(rows: list[dict], horovod: bool) -> list[dict]:
+def collectives_goals(rows: list[dict], horovod: bool) -> list[Goal]:
     goals = []
     for n in sorted({r["world_size"] for r in rows}):
         at = {(r["algorithm"], r["nbytes"]): r["busbw_gbs"] for r in rows_of(rows, n)}
@@ -176,30 +185,12 @@ def collectives_goals(rows: list[dict], horovod: bool) -> list[dict]:
         if not big:
             continue
         native = min(at[("ring", s)] / at[("native", s)] for s in big)
-        goals.append({"goal": f"N={n}: ring >= 0.9x native busbw at >= 4 MiB",
-                      "value": f"worst {native:.2f}x", "ok": native >= 0.9})
+        goals.append(Goal(f"N={n}: ring >= 0.9x native busbw at >= 4 MiB", "ring", "native", ">=", 0.9, native,
+                          worst=True))
         if horovod and all(("horovod", s) in at for s in big):
             hv = min(at[("ring", s)] / at[("horovod", s)] for s in big)
-            goals.append({"goal": f"N={n}: ring >= 2x Horovod busbw at >= 4 MiB (CPU tensors)",
-                          "value": f"worst {hv:.2f}x", "ok": hv >= 2})
-    return goals
-
-
-def training_goals(rows: list[dict]) -> list[dict]:
-    from psrt.bench.training import TRACED
-    goals = []
-    for where in dict.fromkeys(r["where"] for r in rows):
-        for n in sorted({r["ranks"] for r in rows if r["where"] == where and r["ranks"] > 1}):
-            at = {r["dp"]: r["step_s"] for r in rows if r["where"] == where and r["ranks"] == n}
-            if "ring" in at and "torch-ddp" in at:
-                goals.append({"goal": f"{where}, N={n}: ring DDP step <= torch DDP (gloo) step",
-                              "value": f"{at['torch-ddp'] / at['ring']:.2f}x",
-                              "ok": at["ring"] <= at["torch-ddp"]})
-            if "ring" in at and "ring" + TRACED in at:
-                over = at["ring" + TRACED] / at["ring"]
-                goals.append({"goal": f"{where}, N={n}: ring DDP step with psrt.trace recording "
-                                      f"< {TRACE_GOAL:.2f}x the step without",
-                              "value": f"{over:.3f}x", "ok": over < TRACE_GOAL})
+            goals.append(Goal(f"N={n}: ring >= 2x Horovod busbw at >= 4 MiB (CPU tensors)", "ring", "horovod",
+                              ">=", 2.0, hv, worst=True))
     return goals
 
 
@@ -207,7 +198,7 @@ CALL_NAMES = {"out": "into a held result", "inplace": "in place", "new": "into a
               "async": "non-blocking (async_op), waited on"}
 
 
-def per_call_goals(rows: list[dict]) -> list[dict]:
+def per_call_goals(rows: list[dict]) -> list[Goal]:
     """Per world size and way of calling: the worst ratio of psrt's algorithms to their floor
     (vs_floor: time over the bare mpi4py schedule's, called the same way, in the same run)."""
     from psrt.bench.collectives import split_name
@@ -219,12 +210,13 @@ def per_call_goals(rows: list[dict]) -> list[dict]:
             if not sel:
                 continue
             worst = max(sel, key=lambda r: r["vs_floor"])
-            value = f"worst {worst['vs_floor']:.2f}x ({split_name(worst['algorithm'])[0]}, {fmt_bytes(worst['nbytes'])})"
+            base = split_name(worst["algorithm"])[0]
+            detail = f"({base}, {fmt_bytes(worst['nbytes'])})"
             if call == "async" and all(r.get("vs_sync_floor") for r in sel):
-                value += f"; {max(r['vs_sync_floor'] for r in sel):.2f}x the blocking floor"
-            goals.append({"goal": f"N={n}, {what}: {', '.join(PER_CALL_ALGORITHMS)} within "
-                                  f"{PER_CALL_GOAL:g}x of the same schedule in bare mpi4py at 4 B and 1 KiB",
-                          "value": value, "ok": worst["vs_floor"] <= PER_CALL_GOAL})
+                detail += f"; {max(r['vs_sync_floor'] for r in sel):.2f}x the blocking floor"
+            goals.append(Goal(f"N={n}, {what}: {', '.join(PER_CALL_ALGORITHMS)} within {PER_CALL_GOAL:g}x of the "
+                              "same schedule in bare mpi4py at 4 B and 1 KiB", worst["algorithm"],
+                              f"mpi4py-{base}", "<=", PER_CALL_GOAL, worst["vs_floor"], worst=True, detail=detail))
     return goals
 
 
@@ -316,15 +308,13 @@ def command_line(args) -> str:
     return " ".join(parts + [f"--out {args.out}"])
 
 
-def markdown(args, sections: list[str], goals: list[dict]) -> str:
+def markdown(args, sections: list[str], goals: list[Goal]) -> str:
     head = [f"# psrt benchmark report{' (--quick)' if args.quick else ''}\n",
             f"- command: `{command_line(args)}`",
             f"- machine: {machine()}",
             f"- date: {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}\n",
             "## Goals, as measured in this run\n"]
-    head.append(report.md_table([dict(g, status=report.status(g)) for g in goals],
-                         [("goal", "goal", ""), ("value", "measured", ""), ("status", "", "")])
-                if goals else "(no goal applies to the parts run)\n")
+    head.append(report.md_table(goal.rows(goals), goal.COLUMNS) if goals else "(no goal applies to the parts run)\n")
     return "\n".join(head) + "\n" + "\n".join(sections)
 
 

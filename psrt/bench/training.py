@@ -15,12 +15,13 @@ bucketed DDP reducing through torch.distributed.
 from __future__ import annotations
 
 import contextlib
-import statistics
 import sys
 import time
 
 import torch
 
+from psrt.bench import timing
+from psrt.bench.goal import Goal
 from psrt.dp.base import DataParallel, StepStats
 from psrt.dp.common import flatten
 from psrt.trace import Tracer
@@ -96,79 +97,102 @@ def measure(world, names: list[str], model_name: str = "mlp", width: int = 1024,
     samples/s, the ratio to torch DDP, and how far its parameters ended from the first
     strategy's (max_param_diff).  A name ending in TRACED is that strategy recording a
     psrt.trace timeline, which `trace` names the file of."""
-    import psrt
     from psrt.train.data import load
-    from psrt.train.models import build_model, loss_and_correct
-
     dataset = load("synthetic" if model_name != "transformer" else "text")
     ctl = world.comm.Dup()
     # Each rank its own samples: a strategy that failed to average would drift apart.
     g = torch.Generator().manual_seed(1 + world.rank)
     idx = torch.randint(len(dataset), (steps, per_rank_batch), generator=g)
     data = [[(dataset.train_x[i], dataset.train_y[i])] for i in idx]
-    # Phases by runtime.  Horovod's background thread talks MPI every cycle even when idle,
-    # and gloo keeps threads of its own: each would tax the strategies measured beside it
-    # (an MPI ring DDP step on two emulated hosts went from 24 ms to 75 ms with gloo started
-    # in the same processes), so the MPI strategies run first, then the torch.distributed
-    # ones (gloo started only then), then Horovod.
+    build = Build(world, dataset, model_name, width, layers, bucket_mb)
+    times, params = {}, {}
+    tick = timing.ticker(progress)
+    for phase in phases(names):
+        strategies = build.phase(phase)
+        calls = {name: timing.cycling(data, build.stepper(s)) for name, s in strategies.items()}
+        # warm-up: buffers, buckets, threads; then interleaved rounds of `steps` steps
+        times.update(timing.interleaved(ctl, calls, rounds, warmup, per_round=steps, on_round=tick))
+        params.update(build.finish(strategies, ctl, trace))
+    ctl.Free()
+    return rows_of(world, names, times, params, per_rank_batch)
+
+
+def phases(names: list[str]) -> list[list[str]]:
+    """The strategies by runtime.  Horovod's background thread talks MPI every cycle even when
+    idle, and gloo keeps threads of its own: each would tax the strategies measured beside it
+    (an MPI ring DDP step on two emulated hosts went from 24 ms to 75 ms with gloo started in
+    the same processes), so the MPI strategies run first, then the torch.distributed ones
+    (gloo started only then), then Horovod."""
     on_gloo = ("torch", PEER)
-    phases = [[n for n in names if n not in on_gloo + ("horovod",)], [n for n in names if n in on_gloo],
-              [n for n in names if n == "horovod"]]
-    times, fastest, params = {}, {}, {}
-    done = 0
-    for phase in (p for p in phases if p):
-        if phase[0] in on_gloo:
-            psrt.init_torch_distributed(world)
-        strategies, groups = {}, []
-        for name in phase:
+    split = [[n for n in names if n not in on_gloo + ("horovod",)], [n for n in names if n in on_gloo],
+             [n for n in names if n == "horovod"]]
+    return [p for p in split if p]
+
+
+class Build:
+    """Makes each phase's strategies on their own copy of the same model, and ends them."""
+
+    def __init__(self, world, dataset, model_name: str, width: int, layers: int, bucket_mb: float | None):
+        self.world, self.dataset, self.bucket_mb = world, dataset, bucket_mb
+        self.model_args = (model_name, dataset, width, layers)
+        self.groups: list = []
+
+    def phase(self, names: list[str]) -> dict:
+        import psrt
+        from psrt.train.models import build_model
+        if names[0] in ("torch", PEER):
+            psrt.init_torch_distributed(self.world)
+        strategies = {}
+        for name in names:
             base = name.removesuffix(TRACED)
-            group = psrt.Communicator(world.comm, algorithm="auto", tracer=Tracer() if base != name else None)
-            groups.append(group)
+            group = psrt.Communicator(self.world.comm, algorithm="auto", tracer=Tracer() if base != name else None)
+            self.groups.append(group)
             torch.manual_seed(0)
-            model = build_model(model_name, dataset, width, layers)
+            model = build_model(*self.model_args)
             strategies[name] = make_strategy(base, model, lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9),
-                                             group, bucket_mb)
-            times[name], fastest[name] = [], []
-        for r in range(rounds + 1):           # round 0 warms up (buffers, buckets, threads)
-            for name, s in strategies.items():
-                # torch's DDP must see the forward pass through its wrapper
-                forward = getattr(s, "ddp", s.model)
-                loss_fn = lambda mb, m=forward: loss_and_correct(m, mb, dataset.task)[0]  # noqa: E731
-                k = warmup if r == 0 else steps
-                ctl.Barrier()
-                t0 = time.perf_counter()
-                for i in range(k):
-                    with s.tracer.span("step", "step"):
-                        s.step(loss_fn, data[i % len(data)])
-                per = ctl.allgather((time.perf_counter() - t0) / k)
-                if r:
-                    times[name].append(max(per))
-                    fastest[name].append(min(per))
-                done += 1
-                if progress:
-                    progress.update(done, name)
+                                             group, self.bucket_mb)
+        return strategies
+
+    def stepper(self, s):
+        """One traced training step of strategy `s` on a batch."""
+        from psrt.train.models import loss_and_correct
+        forward = getattr(s, "ddp", s.model)        # torch's DDP must see the forward pass through its wrapper
+        task = self.dataset.task
+
+        def step(batch):
+            with s.tracer.span("step", "step"):
+                s.step(lambda mb: loss_and_correct(forward, mb, task)[0], batch)
+        return step
+
+    def finish(self, strategies: dict, ctl, trace: str | None) -> dict:
+        """{name: its parameters, flat}; the phase's groups closed, timelines written."""
+        params = {}
         for name, s in strategies.items():
             s.finish()
             params[name] = flatten(list(s.model.parameters()))
-        for group in groups:
+        for group in self.groups:
             if group.tracer.on and trace:
-                group.tracer.write(ctl, trace, world.hostname)
+                group.tracer.write(ctl, trace, self.world.hostname)
             group.close()
+        self.groups = []
         if "horovod" in strategies:
             strategies["horovod"].hvd.shutdown()
-    ctl.Free()
+        return params
+
+
+def rows_of(world, names: list[str], times: dict, params: dict, per_rank_batch: int) -> list[dict]:
     nparams = params[names[0]].numel()
     workers = world.size   # no dedicated servers here: every rank trains (ps serves from rank 0)
     batch = per_rank_batch * workers
     rows = []
     for name in names:
-        t = statistics.median(times[name])
+        t = times[name].median
         # Same start, same samples, same number of steps: every strategy must end where the
         # first one does, on every rank (float32 sums in different orders: not bitwise).
         diff = max(world.comm.allgather(float((params[name] - params[names[0]]).abs().max())))
         rows.append({"dp": name, "ranks": world.size, "hosts": world.num_nodes, "workers": workers,
                      "params": nparams, "global_batch": batch, "step_s": t,
-                     "step_min_s": statistics.median(fastest[name]), "samples_per_s": batch / t,
+                     "step_min_s": times[name].fastest_median, "samples_per_s": batch / t,
                      "max_param_diff": diff})
     peer = next((r["step_s"] for r in rows if r["dp"] == PEER), None)
     for row in rows:
@@ -222,8 +246,8 @@ def command(args) -> int:
     """Step time of every strategy on one model, in one job (run under mpirun)."""
     check(args)
     import psrt
-    from psrt.bench import report
     from psrt.train.report import Progress
+    from psrt.world import mpi_yields_when_idle
 
     world = psrt.init()
     asked = args.dp.split(",") if args.dp else list(DEFAULT_STRATEGIES)
@@ -237,23 +261,46 @@ def command(args) -> int:
     rows = measure(world, names, args.model, args.width, args.layers, args.batch,
                    args.steps, args.rounds, bucket_mb=args.bucket_mb, progress=progress, trace=args.trace)
     # whether each rank's MPI yielded, read back from the library: shows what a PSRT_YIELD did
-    from psrt.world import mpi_yields_when_idle
     yield_when_idle = world.comm.gather(mpi_yields_when_idle(), root=0)
     if world.rank != 0:
         return 0
     if not args.quiet:
-        print(f"# {args.model} ({rows[0]['params'] / 1e6:.2f} M parameters), {args.batch} samples per "
-              f"rank, N={world.size} on {world.num_nodes} host(s); step = median of {args.rounds} rounds "
-              f"of {args.steps} steps, slowest rank")
-        report.table(rows, COLUMNS)
-        step = {r["dp"]: r["step_s"] for r in rows}
-        if "ring" + TRACED in step and "ring" in step:
-            print(f"# tracing overhead on the ring DDP step: {step['ring' + TRACED] / step['ring']:.3f}x "
-                  f"(goal: under 1.05x); timeline in {args.trace}")
+        print_rows(rows, args, world)
     if args.json:
+        from psrt.bench import report
         report.write_json(args.json, {"meta": {"world_size": world.size, "num_nodes": world.num_nodes,
                                                "model": args.model, "width": args.width, "layers": args.layers,
                                                "batch_per_rank": args.batch, "mpi": report.mpi_version(),
                                                "yield_when_idle": yield_when_idle},
                                       "rows": rows})
     return 0
+
+
+def print_rows(rows: list[dict], args, world) -> None:
+    from psrt.bench import goal, report
+    print(f"# {args.model} ({rows[0]['params'] / 1e6:.2f} M parameters), {args.batch} samples per "
+          f"rank, N={world.size} on {world.num_nodes} host(s); step = median of {args.rounds} rounds "
+          f"of {args.steps} steps, slowest rank" + (f"; timeline in {args.trace}" if args.trace else ""))
+    report.table(rows, COLUMNS)
+    goal.print_goals(goals(rows))
+
+
+TRACE_GOAL = 1.05       # the ring DDP step with psrt.trace recording, over the step without
+
+
+def goals(rows: list[dict]) -> list[Goal]:
+    """Per placement (a row's "where", if it has one) and world size: psrt's ring DDP step
+    against torch DDP's, and the ring's step with a timeline recorded against without."""
+    out = []
+    for where in dict.fromkeys(r.get("where") for r in rows):
+        for n in sorted({r["ranks"] for r in rows if r.get("where") == where and r["ranks"] > 1}):
+            at = {r["dp"]: r["step_s"] for r in rows if r.get("where") == where and r["ranks"] == n}
+            head = f"{where}, N={n}" if where else f"N={n}"
+            if "ring" in at and PEER in at:
+                out.append(Goal(f"{head}: ring DDP step <= torch DDP (gloo) step", "ring", PEER, ">=", 1.0,
+                                at[PEER] / at["ring"]))
+            if "ring" in at and "ring" + TRACED in at:
+                out.append(Goal(f"{head}: ring DDP step with psrt.trace recording < {TRACE_GOAL:.2f}x the "
+                                "step without", "ring" + TRACED, "ring", "<", TRACE_GOAL,
+                                at["ring" + TRACED] / at["ring"], digits=3))
+    return out

@@ -45,7 +45,8 @@ _SHARDING = {"zero1": {"params": 1, "grads": 1, "optimizer": 0},
 _REPLICATED = ("ring", "native", "torch", "horovod")
 
 
-def _storages(tensors) -> dict[int, int]:
+def storages(tensors) -> dict[int, int]:
+    """{(device type, address): bytes} of the storages behind `tensors`, each once (views share one)."""
     out = {}
     for t in tensors:
         if t is None or not torch.is_tensor(t) or t.numel() == 0:
@@ -69,7 +70,7 @@ def held(strategy) -> dict[str, int]:
     for name in PARTS + ("buffers",):
         value = parts.get(name) or []
         tensors = optimizer_tensors(value) if hasattr(value, "state") else list(value)
-        mine = {k: v for k, v in _storages(tensors).items() if k not in seen}
+        mine = {k: v for k, v in storages(tensors).items() if k not in seen}
         seen.update(mine)
         out[name] = sum(mine.values())
     out.update(by_place(seen))
@@ -77,7 +78,7 @@ def held(strategy) -> dict[str, int]:
 
 
 def by_place(storages: dict) -> dict[str, int]:
-    """{"host": bytes in CPU memory, "device": bytes elsewhere} of `_storages`' result."""
+    """{"host": bytes in CPU memory, "device": bytes elsewhere} of `storages`' result."""
     device = sum(v for (kind, _), v in storages.items() if kind != "cpu")
     return {"host": sum(storages.values()) - device, "device": device}
 
@@ -104,11 +105,11 @@ def formula(dp: str, phi: int, n: int, k: int, d: int = 4, offload: bool = False
 def activation_bytes(forward: Callable[[], torch.Tensor], exclude: list[torch.Tensor]) -> int:
     """Bytes autograd saves for backward while `forward()` runs (storages counted once),
     leaving out the storages of `exclude` (the parameters, which are model state)."""
-    skip = set(_storages(exclude))
+    skip = set(storages(exclude))
     saved: dict = {}
 
     def pack(t):
-        saved.update((k, v) for k, v in _storages([t]).items() if k not in skip)
+        saved.update((k, v) for k, v in storages([t]).items() if k not in skip)
         return t
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = forward()

@@ -47,7 +47,7 @@ DEFAULT_SUBNET = "198.18.0.0/24"
 STATE_DIR = Path("/run/psrt-cluster")
 NETNS_ETC = Path("/etc/netns")
 _HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,59}$")
-_RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$", re.I)
+RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$", re.I)
 _DELAY = re.compile(r"^\d+(?:\.\d+)?(?:us|usec|ms|msec|s|sec)$", re.I)
 
 
@@ -87,7 +87,7 @@ class Cluster:
                             "aside for benchmarks, so no real network is ever addressed")
         if net.num_addresses - 2 < len(self.hosts):
             raise PsrtError(f"--subnet {self.subnet}: too small for {len(self.hosts)} hosts")
-        if self.rate is not None and not _RATE.match(self.rate):
+        if self.rate is not None and not RATE.match(self.rate):
             raise PsrtError(f"--rate {self.rate!r}: expected tc syntax such as 1gbit or 100mbit")
         if self.delay is not None and not _DELAY.match(self.delay):
             raise PsrtError(f"--delay {self.delay!r}: expected tc syntax such as 500us or 2ms")
@@ -169,8 +169,9 @@ def _hosts_file(cluster: Cluster) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _rate_bytes(rate: str) -> float:
-    value, unit = _RATE.match(rate).groups()
+def rate_bytes(rate: str) -> float:
+    """Bytes per second of a tc rate such as 1gbit or 100mbps."""
+    value, unit = RATE.match(rate).groups()
     scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[unit.lower()[:-3].rstrip("b")]
     return float(value) * scale / (8 if unit.lower().endswith("bit") else 1)
 
@@ -192,7 +193,7 @@ def _shape(cluster: Cluster, host: str, iface: str = IFACE, delay: bool = True) 
         # switch-sized buffer: deeper, and MPI's go-ahead messages wait behind bulk data
         # (the ring's 2(N-1) steps each pay that wait); much shallower (2 ms), and seven
         # senders into one server's port lose packets to incast and stall on TCP timeouts.
-        burst = max(16384, int(_rate_bytes(cluster.rate) / 500))
+        burst = max(16384, int(rate_bytes(cluster.rate) / 500))
         _run(dev + ["tbf", "rate", cluster.rate, "burst", str(burst), "latency", "10ms"],
              f"shaping {host}")
 

@@ -77,10 +77,12 @@ def _payload(ps8: float, ring8: float, error: float = 0.05) -> dict:
 
 
 def test_goals_are_judged_from_the_measurements():
-    good = {g["goal"].split(":")[0]: g["ok"] for g in network.goals(_payload(ps8=7.0, ring8=1.7))}
-    assert all(good.values()) and len(good) == 3
+    good = network.goals(_payload(ps8=7.0, ring8=1.7))
+    assert [g.ok for g in good] == [True, True, True, True] and len({g.text.split(":")[0] for g in good}) == 3
+    assert good[1].value == "1.70x" and good[2].value == "1.00x (grew 7.00x)"
     bad = network.goals(_payload(ps8=2.0, ring8=1.9, error=0.4))
-    assert [g["ok"] for g in bad] == [False, False, False]
+    assert [g.ok for g in bad] == [False, True, False, False]      # the ring's growth alone is met
+    assert bad[-1].line() == "goal MISSED: 1gbit: alpha-beta within 20% where network-bound (4 rows): worst +40% (2x1 ps)"
 
 
 

@@ -93,7 +93,7 @@ def test_agent_argv_quotes_for_the_remote_shell():
 @pytest.mark.parametrize("rate,bytes_per_s", [("1gbit", 125e6), ("100mbit", 12.5e6),
                                               ("10mbps", 10e6), ("800kbit", 1e5)])
 def test_rate_units(rate, bytes_per_s):
-    assert C._rate_bytes(rate) == bytes_per_s
+    assert C.rate_bytes(rate) == bytes_per_s
 
 
 

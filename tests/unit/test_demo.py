@@ -42,16 +42,16 @@ def test_verdict_judges_the_goals_from_the_measured_steps():
         "psrt demo: goal met: ring step within 20% of the alpha-beta prediction: +11%"]
     # the ring at 0.6x the server and 25% under the model: both missed
     slow = demo.goals(runs(0.5, 0.3, 0.4))
-    assert [(g["value"], g["ok"]) for g in slow] == [("0.60x", False), ("-25%", False)]
+    assert [(g.value, g.ok) for g in slow] == [("0.60x", False), ("-25%", False)]
     # the bounds themselves are met
     edge = demo.goals(runs(0.8, 0.4, 0.5))
-    assert [(g["value"], g["ok"]) for g in edge] == [("0.50x", True), ("-20%", True)]
+    assert [(g.value, g.ok) for g in edge] == [("0.50x", True), ("-20%", True)]
 
 
 def test_verdict_without_prediction_or_emulated_hosts_judges_nothing():
     no_model = demo.goals(runs(0.9, 0.3, None))
-    assert no_model[1] == {"goal": "ring step within 20% of the alpha-beta prediction",
-                           "value": "no prediction was made", "ok": None}
+    assert (no_model[1].text, no_model[1].value, no_model[1].ok) == (
+        "ring step within 20% of the alpha-beta prediction", "no prediction was made", None)
     local = demo.verdict(runs(0.9, 0.3, 0.3), emulated=False).splitlines()
     assert local[1] == ("psrt demo: goal n/a: ring step <= 0.5x the parameter server's (judged on emulated "
                         "hosts only: these were local ranks): 0.33x")

@@ -1,6 +1,6 @@
 """The suite's goal rows are computed from the rows measured in the run: per-call cost over
 the bare mpi4py floor (psrt/bench/floors.py) and tracing's overhead on the DDP step."""
-from psrt.bench import suite
+from psrt.bench import suite, training
 from psrt.bench.collectives import against_floors
 
 
@@ -32,13 +32,13 @@ def test_per_call_goals_take_the_worst_ratio_to_the_floor_called_the_same_way():
     against_floors(extra)
     assert extra[0]["vs_floor"] == 1.5
     goals = suite.per_call_goals(rows)
-    assert [(g["value"], g["ok"]) for g in goals] == [
+    assert [(g.value, g.ok) for g in goals] == [
         ("worst 1.50x (ring, 4 B)", True),
         ("worst 1.33x (ring, 4 B)", True),
         ("worst 2.50x (ring, 4 B); 7.50x the blocking floor", False)]
-    assert goals[0]["goal"] == ("N=2, into a held result: ring, halving-doubling, tree, ps within 2x of the "
+    assert goals[0].text == ("N=2, into a held result: ring, halving-doubling, tree, ps within 2x of the "
                                 "same schedule in bare mpi4py at 4 B and 1 KiB")
-    assert "non-blocking" in goals[2]["goal"]
+    assert "non-blocking" in goals[2].text
     text = suite.per_call_section(rows)
     assert "| 2 | ring | async | 30.0 / 12.0 (x2.50) | 30.0 / 12.0 (x2.50) |" in text
 
@@ -46,9 +46,9 @@ def test_per_call_goals_take_the_worst_ratio_to_the_floor_called_the_same_way():
 def test_tracing_overhead_is_a_goal_of_the_training_part():
     rows = [{"where": "one host", "ranks": 2, "dp": dp, "step_s": s}
             for dp, s in (("ring", 0.010), ("ring+trace", 0.0104), ("torch-ddp", 0.02))]
-    goals = suite.training_goals(rows)
-    assert [(g["goal"], g["value"], g["ok"]) for g in goals] == [
+    goals = training.goals(rows)
+    assert [(g.text, g.value, g.ok) for g in goals] == [
         ("one host, N=2: ring DDP step <= torch DDP (gloo) step", "2.00x", True),
         ("one host, N=2: ring DDP step with psrt.trace recording < 1.05x the step without", "1.040x", True)]
     rows[1]["step_s"] = 0.0106
-    assert suite.training_goals(rows)[1]["ok"] is False
+    assert training.goals(rows)[1].ok is False

@@ -1,0 +1,72 @@
+"""A written psrt timeline read back: its events, the time per rank and span, and the PNG
+(ranks as rows, one lane per thread, colours by category) that `python -m psrt.trace` and
+`python -m psrt.bench demo` draw."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from psrt.errors import PsrtError
+from psrt.trace import CATEGORIES
+
+COLOURS = {"step": "black", "compute": "tab:blue", "comm": "tab:orange", "wait": "tab:gray", "server": "tab:red",
+           "pipeline": "tab:green"}
+
+
+def load(path: str) -> list[dict]:
+    try:
+        trace = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise PsrtError(f"{path}: not a readable trace ({err})") from None
+    events = trace.get("traceEvents") if isinstance(trace, dict) else None
+    if not isinstance(events, list):
+        raise PsrtError(f"{path}: no traceEvents list: not a Chrome trace")
+    return events
+
+
+def totals(events: list[dict]) -> list[dict]:
+    """Per rank and span name: count and total ms."""
+    out: dict = {}
+    for e in events:
+        if e.get("ph") == "X":
+            row = out.setdefault((e["pid"], e["name"]), {"rank": e["pid"], "name": e["name"], "cat": e.get("cat", ""),
+                                                         "count": 0, "ms": 0.0})
+            row["count"] += 1
+            row["ms"] += e["dur"] / 1e3
+    return [out[k] for k in sorted(out)]
+
+
+def draw(events: list[dict], out: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
+    spans = [e for e in events if e.get("ph") == "X"]
+    lanes = sorted({(e["pid"], e["tid"]) for e in spans})
+    row = {lane: i for i, lane in enumerate(lanes)}
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+               if e.get("ph") == "M" and e["name"] == "thread_name"}
+    fig, ax = plt.subplots(figsize=(12, 0.5 + 0.45 * len(lanes)))
+    for e in spans:
+        lane, cat = row[(e["pid"], e["tid"])], e.get("cat")
+        if cat == "step":           # around the phases of a step: an outline, drawn over them
+            ax.broken_barh([(e["ts"] / 1e3, e["dur"] / 1e3)], (lane - 0.45, 0.9), facecolor="none",
+                           edgecolor=COLOURS[cat], linewidth=0.8, zorder=3)
+            continue
+        ax.broken_barh([(e["ts"] / 1e3, max(e["dur"] / 1e3, 1e-3))], (lane - 0.4, 0.8),
+                       color=COLOURS.get(cat, "tab:purple"), linewidth=0)
+    ax.set_yticks(range(len(lanes)),
+                  [f"{names.get(p, f'rank {p}')} {threads.get((p, t), t)}" for p, t in lanes], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms")
+    ax.set_title("psrt timeline")
+    used = [c for c in CATEGORIES if any(e.get("cat") == c for e in spans)]
+    ax.legend(handles=[Patch(facecolor="none", edgecolor=COLOURS[c], label=c) if c == "step"
+                       else Patch(color=COLOURS[c], label=c) for c in used], loc="upper left",
+              bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)

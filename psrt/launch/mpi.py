@@ -92,7 +92,7 @@ def drop_exit_banners(lines, write, keep=None) -> None:
 # A psrt watchdog's report is followed by its MPI_Abort (code 3), whose notice may never come.
 ENDINGS = {"MPI_ABORT was invoked on rank": 1, "ORTE has lost communication with a remote daemon": 1,
            "abort is already in progress": 1, "psrt: watchdog: ": 3}
-ABORT_GRACE_S = 10.0
+ABORT_GRACE_S = 5.0
 
 
 class Ending:

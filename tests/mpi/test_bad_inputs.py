@@ -76,7 +76,8 @@ CASES = [
     ("train-resume-corrupt", py(*TRAIN, "--resume", "--checkpoint", "{tmp}/corrupt.pt"), "{tmp}/corrupt.pt", 0, None),
     ("train-resume-not-psrt", py(*TRAIN, "--resume", "--checkpoint", "{tmp}/foreign.pt"), "not a psrt checkpoint", 0, None),
     ("train-resume-truncated-np2", py(*TRAIN, "--resume", "--checkpoint", "{tmp}/truncated.pt"), "{tmp}/truncated.pt", 2, None),
-    ("train-resume-world-size-np2", py(*TRAIN, "--resume", "--checkpoint", "{tmp}/one_rank.pt"), "written by 1 ranks", 2, None),
+    ("train-resume-other-dp-np2", py(*TRAIN, "--dp", "ps", "--resume", "--checkpoint", "{tmp}/one_rank.pt"),
+     "written with --dp ring, this run has --dp ps", 2, None),
     ("train-resume-other-model", py(*TRAIN, "--width", "16", "--resume", "--checkpoint", "{tmp}/one_rank.pt"), "--width", 0, None),
     # --- environment
     ("env-check-bogus", env_train("PSRT_CHECK", "bogus"), "PSRT_CHECK", 0, None),

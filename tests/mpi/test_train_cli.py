@@ -104,13 +104,20 @@ def test_metrics_save_and_resume_round_trip(tmp_path):
 
 
 @pytest.mark.mpi
-def test_resume_on_another_world_size_is_refused(tmp_path):
+def test_resume_on_another_world_size(tmp_path):
+    """ring continues on 2 ranks from a 1-rank checkpoint (every replica holds the whole
+    state); ps-async, whose state does not reshard, is refused in one line naming both sizes."""
     ckpt = tmp_path / "ck.pt"
     single("--steps", "2", "--checkpoint", str(ckpt), "--quiet").check_returncode()
-    run = ranks(2, "--steps", "4", "--checkpoint", str(ckpt), "--resume")
+    run = ranks(2, "--steps", "4", "--checkpoint", str(ckpt), "--resume", "--quiet")
+    assert run.returncode == 0, run.stderr
+    assert torch.load(ckpt, weights_only=True)["step"] == 4
+    ckpt = tmp_path / "async.pt"
+    ranks(2, "--dp", "ps-async", "--steps", "2", "--checkpoint", str(ckpt), "--quiet").check()
+    run = ranks(3, "--dp", "ps-async", "--steps", "4", "--checkpoint", str(ckpt), "--resume")
     assert run.returncode == 2
     errors = [l for l in run.stderr.splitlines() if "psrt.train: error:" in l]
-    assert len(errors) == 1 and "written by 1 ranks, this job has 2" in errors[0], run.stderr
+    assert len(errors) == 1 and "written by 2 ranks, this job has 3" in errors[0], run.stderr
 
 
 # ------------------------------------------------------------------ the user's own model and data

@@ -27,6 +27,7 @@ from pathlib import Path
 from psrt.bench.report import table
 from psrt.errors import PsrtError
 from psrt.launch.cluster import fail
+from psrt.launch.mpi import local_mpirun_prefix
 
 COLUMNS = [("dp", "dp", "s"), ("way", "way", "s"), ("ranks", "ranks", "s"),
            ("killed_after", "lost after step", "d"), ("resumed_from", "resumed from", "d"),
@@ -97,7 +98,7 @@ def one(dp: str, hosts: int, per_host: int, steps: int, kill_at: int, batch: int
     back = next(r for r in rows if "restart" in r)
     survivors = (hosts - 1) * per_host
     reference = folder / f"{dp}.reference.pt"
-    subprocess.run(["mpirun", "--oversubscribe", "--allow-run-as-root", "-np", str(survivors), sys.executable]
+    subprocess.run(local_mpirun_prefix(survivors) + [sys.executable]
                    + _train_args(dp, steps, batch, width) + ["--save", str(reference)],
                    env=env, check=True, capture_output=True, cwd=ROOT, stdin=subprocess.DEVNULL)
     import torch

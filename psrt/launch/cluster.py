@@ -37,6 +37,7 @@ from psrt import env as psrt_env
 from psrt.errors import PsrtError
 from psrt.launch import slurm
 from psrt.launch.hostfile import is_local
+from psrt.launch.mpi import kill
 from psrt.launch.plan import ROOT
 # re-exported: how MPI is told to use the emulated hosts
 from psrt.launch.emulated_mpi import AGENT, IFACE, mpi_env, mpi_flags  # noqa: F401
@@ -301,22 +302,13 @@ def fail(host: str) -> None:
     """Emulate a lost host: every process on `host` is killed (SIGKILL, as a crash gives no
     warning) and its link goes down, so the other hosts and the launch agent no longer reach it."""
     out = _run(["ip", "netns", "pids", host], f"listing the processes of {host}")
-    _kill_all(int(p) for p in out.stdout.split() if p.isdigit())
+    kill({int(p) for p in out.stdout.split() if p.isdigit()} - {os.getpid()})
     _run(["ip", "-n", host, "link", "set", IFACE, "down"], f"taking {host}'s link down")
 
 
 def revive(host: str) -> None:
     """A failed host answers again: its link comes back up (it runs nothing until a job starts)."""
     _run(["ip", "-n", host, "link", "set", IFACE, "up"], f"bringing {host}'s link up")
-
-
-def _kill_all(pids) -> None:
-    for pid in pids:
-        if pid != os.getpid():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def _alive(pid: int) -> bool:

@@ -154,7 +154,8 @@ def _adopt_orphans() -> None:
         pass
 
 
-def _kill(pids) -> None:
+def kill(pids) -> None:
+    """SIGKILL each of `pids` that is still there."""
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -235,9 +236,9 @@ def _supervise(proc, copier, ending: Ending) -> int:
                 break
             except subprocess.TimeoutExpired:
                 if caught and time.monotonic() > deadline[0]:
-                    _kill(job | descendants(os.getpid()) | {proc.pid})
+                    kill(job | descendants(os.getpid()) | {proc.pid})
                 elif not caught and ending.overdue():
-                    _kill(descendants(os.getpid()) | {proc.pid})
+                    kill(descendants(os.getpid()) | {proc.pid})
                     proc.wait()
                     _reap(descendants(os.getpid()))
                     if copier is not None:
@@ -249,7 +250,7 @@ def _supervise(proc, copier, ending: Ending) -> int:
             while time.monotonic() < deadline[0] and any(_alive(p) for p in job | descendants(os.getpid())):
                 _reap(job)
                 time.sleep(0.05)
-            _kill(job | descendants(os.getpid()))
+            kill(job | descendants(os.getpid()))
             _reap(job)
         if copier is not None:
             copier.join(timeout=5)
@@ -258,7 +259,7 @@ def _supervise(proc, copier, ending: Ending) -> int:
         try:
             proc.wait(timeout=GRACE_S)
         except subprocess.TimeoutExpired:
-            _kill(descendants(os.getpid()) | {proc.pid})
+            kill(descendants(os.getpid()) | {proc.pid})
             proc.wait()
         raise
     finally:

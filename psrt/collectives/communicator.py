@@ -29,6 +29,7 @@ from psrt.collectives.paths import Call
 from psrt.collectives.ready import ReadyCache
 from psrt.collectives.algorithms import ALGORITHMS, ALL_ALGORITHMS
 from psrt.collectives.layout import offsets, require_mpi_comm
+from psrt.collectives.staged import Stager
 from psrt.collectives.tuning import Tuning
 from psrt.errors import PsrtError
 from psrt.trace import OFF, Tracer
@@ -80,6 +81,7 @@ class Communicator(Exchanges):
         self.tuning = tuning or Tuning.load()
         self._torch_group = torch_group
         self._staging = Staging()
+        self._stager = Stager()
         self._executor = Executor()
         self._auto: dict = {}   # (collective, nbytes) -> algorithm picked by 'auto'
         self.check = check or env.check_mode()

@@ -116,6 +116,31 @@ class NativeInto:
         return result.div_(group.size) if c.op == "avg" else result
 
 
+class Staged:
+    """A CUDA all-reduce through an MPI that cannot read GPU memory: chunks through pinned
+    host slots, copies down and up overlapping the host reduction of the chunk between them
+    (collectives/staged.py).  Each chunk is reduced with the call's algorithm."""
+
+    name = "staged"
+
+    def enabled(self, group, c: Call) -> bool:
+        return c.t.is_cuda and c.algo != "torch" and not group._staging.direct_cuda
+
+    def run(self, group, c: Call):
+        t, op, size = c.t, c.op, group.size
+        fn, comm = _FUNCTIONS[c.algo], group._backend_comm(c.algo)
+        result = c.out if c.out is not None else torch.empty_like(t, memory_format=torch.contiguous_format)
+        dst = result.view(-1) if result.is_contiguous() else torch.empty(t.numel(), dtype=t.dtype, device=t.device)
+
+        def reduce_chunk(host: torch.Tensor) -> None:
+            fn(comm, host, op)
+            if op == "avg":
+                host.div_(size)
+
+        group._stager.allreduce(t.contiguous().view(-1), dst, reduce_chunk)
+        return Staging.from_mpi(dst, result)
+
+
 class General:
     """Every other call: the algorithm's torch implementation on a flat buffer (the tensor's
     own memory where it can, else a copy staged for it; see Communicator._work)."""
@@ -141,4 +166,4 @@ class General:
         return Staging.from_mpi(flat, result)
 
 
-ALLREDUCE = (MakeReady(), SmallOnce(), NativeInto(), General())
+ALLREDUCE = (MakeReady(), SmallOnce(), NativeInto(), Staged(), General())

@@ -10,6 +10,10 @@ and the torch path's function of the algorithm (collectives/implementations.py) 
 with a small PSRT_RING_SEGMENT, the ring's chunks are cut into many segments (and windows, on
 the torch path).  Inputs are small integers, so every order of reduction gives the same bits as the reference.
 
+The staged path of CUDA all-reduces (psrt/collectives/staged.py) on the CPU, its copy lanes
+running every copy late (late_lanes.py): every algorithm, dtype, op, a partial last chunk, no
+elements, non-contiguous input and output, against the same reference.
+
 Then which entry of the all-reduce table (psrt/collectives/paths.py) ran each kind of call, as
 the trace names it, and that an entry put first in a Communicator's table runs the calls it
 is enabled for, with the bookkeeping around it (count, state, span).
@@ -23,6 +27,8 @@ import psrt
 from psrt.trace import Tracer
 from psrt.collectives import paths, small
 from psrt.collectives.implementations import ALLREDUCE
+from psrt.collectives.staged import Pool, Stager
+from late_lanes import LateLanes
 
 world = psrt.init()
 comm = world.comm
@@ -63,6 +69,31 @@ for algo in small.ALLREDUCE:
                     checked += 1
                     if not torch.equal(t, want):
                         failures.append(f"{algo} n={numel} {op} {dtype} variant {i}")
+
+
+class StagedOnCpu(paths.Staged):
+    """The staged entry taking CPU tensors too, so that its schedule runs here."""
+    def enabled(self, group, call) -> bool:
+        return call.algo != "torch"
+
+
+staged = psrt.Communicator(comm)
+staged.paths = (StagedOnCpu(),)
+staged._stager = Stager(Pool(chunk_bytes=256, pin=False), lanes_for=LateLanes)
+for algo in (a for a in ALLREDUCE if a != "torch"):
+    for numel in (0, 1, 37, 300):       # 300 float32 = 1200 bytes: 4 chunks and a partial fifth
+        for dtype in (torch.float32, torch.bfloat16, torch.int64):
+            for op in ("sum", "max") + (("avg",) if dtype.is_floating_point else ()):
+                every = np.stack([values(q, numel, op, torch.float64).numpy() for q in range(n)])
+                want = torch.from_numpy(every.sum(0) / n if op == "avg" else REDUCE[op](every, axis=0)).to(dtype)
+                wide = torch.zeros(numel, 2, dtype=dtype)
+                wide[:, 1] = values(r, numel, op, dtype)
+                out = torch.full((numel, 2), 7, dtype=dtype)[:, 0]
+                got = staged.allreduce(wide[:, 1], op=op, out=out, algorithm=algo)
+                checked += 1
+                if not (got is out and torch.allclose(got.double(), want.double(), rtol=1e-2)):
+                    failures.append(f"staged {algo} n={numel} {op} {dtype}")
+staged.close()
 
 
 class Counted:

@@ -1,0 +1,76 @@
+"""The staged path's schedule and model (psrt/collectives/staged.py), on one process: chunk
+bounds, the order of the stages, the pool made once, the pipelined-time model, and the
+schedule run with copies that run late (tests/mpi/ranks/late_lanes.py) in every dtype."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from psrt.collectives import staged
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "mpi" / "ranks"))
+from late_lanes import LateLanes  # noqa: E402
+
+
+def test_chunks_cover_the_tensor_once_with_a_partial_last():
+    assert staged.chunks(0, 4) == []
+    assert staged.chunks(8, 4) == [(0, 4), (4, 4)]
+    assert staged.chunks(10, 4) == [(0, 4), (4, 4), (8, 2)]
+    assert staged.chunks(3, 4) == [(0, 3)]
+
+
+def test_schedule_overlaps_three_stages():
+    assert staged.schedule(0) == []
+    assert staged.schedule(1) == [("down", 0), ("reduce", 0), ("up", 0)]
+    order = staged.schedule(5)
+    at = {step: k for k, step in enumerate(order)}
+    assert sorted(order) == sorted((s, i) for s in ("down", "reduce", "up") for i in range(5))
+    for i in range(5):
+        assert at[("down", i)] < at[("reduce", i)] < at[("up", i)]
+        if i + 1 < 5:    # the next chunk is on its way down while this one is reduced
+            assert at[("down", i + 1)] < at[("reduce", i)]
+        if i > 0:        # and the one before on its way up
+            assert at[("up", i - 1)] < at[("reduce", i)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16,
+                                   torch.int32, torch.int64, torch.uint8])
+@pytest.mark.parametrize("numel", [0, 1, 15, 16, 17, 100])
+def test_the_schedule_with_late_copies_reduces_every_chunk_once(dtype, numel):
+    pool = staged.Pool(chunk_bytes=64, pin=False)
+    src = (torch.arange(numel) % 7).to(dtype)
+    for in_place in (False, True):
+        x = src.clone()
+        dst = x if in_place else torch.full_like(x, 5)
+        seen = []
+
+        def reduce_chunk(host):
+            seen.append(host.numel())
+            host.mul_(3)           # what a sum over three ranks holding the same chunk gives
+
+        lanes = LateLanes()
+        staged.run(x, dst, reduce_chunk, pool, lanes)
+        assert torch.equal(dst, src * 3)
+        per = 64 // src.element_size()
+        assert seen == [n for _, n in staged.chunks(numel, per)]
+        assert lanes.log.count("down") == lanes.log.count("up") == len(seen)
+
+
+def test_the_pool_is_allocated_once():
+    pool = staged.Pool(chunk_bytes=64, pin=False)
+    first = [pool.view(s, torch.float32, 16).data_ptr() for s in range(staged.SLOTS)]
+    staged.run(torch.ones(100), torch.empty(100), lambda h: None, pool, LateLanes())
+    assert [pool.view(s, torch.bfloat16, 3).data_ptr() for s in range(staged.SLOTS)] == first
+    assert pool.elements(torch.float64) == 8
+
+
+def test_the_model_is_the_slowest_stage_plus_one_chunk_through_the_others():
+    mib = 1 << 20
+    reduce_s = lambda n: n / 1e9          # noqa: E731  the host all-reduce at 1 GB/s
+    t = staged.staged_time(64 * mib, 50e9, 50e9, reduce_s, chunk_bytes=4 * mib)
+    assert t == pytest.approx(64 * mib / 1e9 + 2 * 4 * mib / 50e9)
+    # copies slower than the reduction: the copy down bounds it
+    t = staged.staged_time(64 * mib, 1e9, 2e9, lambda n: n / 4e9, chunk_bytes=4 * mib)
+    assert t == pytest.approx(64 * mib / 1e9 + 4 * mib / 4e9 + 4 * mib / 2e9)
+    assert staged.staged_time(0, 1e9, 1e9, reduce_s) == 0.0

@@ -20,7 +20,7 @@ DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_RING_SEGMENT = 1 << 22     # 4 MiB; why: psrt/collectives/ring.py
 CHECK_MODES = ("all", "cheap", "off")
 # The algorithms a torch.distributed group on psrt may use (psrt.collectives.algorithms names
-# them all; 'torch' is left out, as it would call the group itself).
+# them all; 'torch' and 'nccl' are left out, as they would call torch.distributed themselves).
 BACKEND_ALGORITHMS = ("auto", "ring", "doubling", "halving-doubling", "tree", "ps", "hierarchical", "native")
 
 

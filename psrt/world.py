@@ -317,7 +317,8 @@ def export_torch_env(world: World) -> dict:
 
 
 def init_torch_distributed(world: World, backend: str | None = None, timeout_s: float | None = None):
-    """Join torch.distributed using the world's rendezvous (gloo on CPU, nccl when CUDA).
+    """Join torch.distributed using the world's rendezvous (gloo on CPU, nccl where each rank
+    has a GPU of its own).
 
     Returns the default process group.  Safe to call twice.
     """
@@ -326,13 +327,29 @@ def init_torch_distributed(world: World, backend: str | None = None, timeout_s: 
     return join_torch_distributed(world.rank, world.size, backend, timeout_s)
 
 
+def torch_backend_for(asked: str | None, cuda: bool, local_size: int, gpus: int, nccl: bool) -> str:
+    """The torch.distributed backend to join: `asked`, or nccl where CUDA is there and each of
+    the `local_size` ranks of this host has a GPU of its own (and torch has NCCL), else gloo,
+    which also reduces CUDA tensors (through host memory) for ranks that share a GPU.  NCCL
+    refuses two ranks on one GPU at its first call; asked for it there, this says so in one
+    line instead."""
+    if asked is None:
+        return "nccl" if cuda and nccl and local_size <= gpus else "gloo"
+    if asked == "nccl" and cuda and local_size > gpus:
+        raise PsrtError(f"backend nccl: {local_size} ranks on this host share {gpus} GPU(s), and NCCL "
+                        "needs one GPU per rank: start one rank per GPU, or use gloo or psrt",
+                        everywhere=True)
+    return asked
+
+
 def join_torch_distributed(rank: int, size: int, backend: str | None = None,
                            timeout_s: float | None = None):
     """The one way psrt joins torch.distributed: env:// with the MASTER_ADDR/MASTER_PORT that
     psrt.init() exported (or torchrun set).  Returns the default group; joins only once.
 
     Args:
-        backend: 'gloo', 'nccl' or None (nccl when CUDA is available, else gloo).
+        backend: 'gloo', 'nccl' or None (nccl where each rank of a host has a GPU of its
+            own, else gloo: `torch_backend_for`).
         timeout_s: how long a torch.distributed call may wait (default: PSRT_TIMEOUT).
     """
     import datetime
@@ -345,7 +362,9 @@ def join_torch_distributed(rank: int, size: int, backend: str | None = None,
     if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
         raise PsrtError("joining torch.distributed needs MASTER_ADDR/MASTER_PORT: call psrt.init() "
                         "(which exports them) or psrt.init_torch_distributed(world) first")
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    cuda = torch.cuda.is_available()
+    backend = torch_backend_for(backend, cuda, int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+                                torch.cuda.device_count() if cuda else 0, dist.is_nccl_available())
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
     timeout_s = env.timeout_s() if timeout_s is None else timeout_s

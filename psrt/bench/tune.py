@@ -62,8 +62,9 @@ def command(args) -> int:
 
 def _tunable() -> list[str]:
     from psrt.collectives import ALGORITHMS
+    from psrt.collectives.algorithms import THROUGH_TORCH
     tuned = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")   # the table behind 'auto'
-    return list(dict.fromkeys(a for c in tuned for a in ALGORITHMS[c] if a != "torch"))
+    return list(dict.fromkeys(a for c in tuned for a in ALGORITHMS[c] if a not in THROUGH_TORCH))
 
 
 def crossovers(rows: list[dict], tie: float = 0.15) -> list[tuple[int, str]]:

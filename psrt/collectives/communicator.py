@@ -27,7 +27,8 @@ from psrt.collectives.exchange import Exchanges
 from psrt.collectives.executor import Executor, Handle
 from psrt.collectives.paths import Call
 from psrt.collectives.ready import ReadyCache
-from psrt.collectives.algorithms import ALGORITHMS, ALL_ALGORITHMS
+from psrt.collectives import nccl
+from psrt.collectives.algorithms import ALGORITHMS, ALL_ALGORITHMS, THROUGH_TORCH
 from psrt.collectives.layout import offsets, require_mpi_comm
 from psrt.collectives.staged import Stager
 from psrt.collectives.tuning import Tuning
@@ -80,6 +81,7 @@ class Communicator(Exchanges):
         self.algorithm = algorithm
         self.tuning = tuning or Tuning.load()
         self._torch_group = torch_group
+        self._nccl_group = None
         self._staging = Staging()
         self._stager = Stager()
         self._executor = Executor()
@@ -185,6 +187,10 @@ class Communicator(Exchanges):
     def _backend_comm(self, algorithm: str):
         if algorithm == "hierarchical":
             return self.topology
+        if algorithm == "nccl":
+            if self._nccl_group is None:
+                self._nccl_group = nccl.group(self._meta or self.comm)
+            return self._nccl_group
         if algorithm != "torch":
             return self.comm
         import torch.distributed as dist
@@ -199,7 +205,7 @@ class Communicator(Exchanges):
 
     def _on_device_ok(self, t: torch.Tensor, algo: str) -> bool:
         """Whether the algorithm can work on t's memory where it is (CPU, CUDA-aware MPI, nccl)."""
-        return not t.is_cuda or algo == "torch" or self._staging.direct_cuda
+        return not t.is_cuda or algo in THROUGH_TORCH or self._staging.direct_cuda
 
     def _work(self, src: torch.Tensor, algo: str = "native", direct: torch.Tensor | None = None):
         """A flat buffer the algorithm can use holding src's values: `direct`'s own memory when

@@ -8,7 +8,7 @@ alltoallv `fn(comm, send, send_elems, recv, recv_elems)`.
 """
 from __future__ import annotations
 
-from psrt.collectives import alltoall, hierarchical, native, ps, recursive, ring, torch_backend, tree
+from psrt.collectives import alltoall, hierarchical, native, nccl, ps, recursive, ring, torch_backend, tree
 from psrt.collectives.layout import even_counts
 
 ALLREDUCE = {
@@ -20,17 +20,19 @@ ALLREDUCE = {
     "hierarchical": hierarchical.allreduce,
     "native": native.allreduce,
     "torch": torch_backend.allreduce,
+    "nccl": nccl.allreduce,
 }
 REDUCE_SCATTER = {"ring": ring.reduce_scatter, "ps": ps.reduce_scatter,
-                  "hierarchical": hierarchical.reduce_scatter, "native": native.reduce_scatter, "torch": torch_backend.reduce_scatter}
+                  "hierarchical": hierarchical.reduce_scatter, "native": native.reduce_scatter, "torch": torch_backend.reduce_scatter,
+                  "nccl": nccl.reduce_scatter}
 ALLGATHER = {"ring": ring.allgather, "ps": ps.allgather, "hierarchical": hierarchical.allgather,
              "native": native.allgather,
-             "torch": torch_backend.allgather}
+             "torch": torch_backend.allgather, "nccl": nccl.allgather}
 BROADCAST = {"tree": tree.broadcast, "ps": ps.broadcast, "hierarchical": hierarchical.broadcast,
              "native": native.broadcast,
-             "torch": torch_backend.broadcast}
+             "torch": torch_backend.broadcast, "nccl": nccl.broadcast}
 REDUCE = {"tree": tree.reduce, "ps": ps.reduce, "native": native.reduce,
-          "torch": torch_backend.reduce}
+          "torch": torch_backend.reduce, "nccl": nccl.reduce}
 ALLTOALLV = {"pairwise": alltoall.pairwise, "native": native.alltoallv}
 
 # allreduce algorithms that can read their input from a separate source tensor

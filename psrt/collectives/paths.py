@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from psrt.collectives import native, small
+from psrt.collectives.algorithms import THROUGH_TORCH
 from psrt.collectives.implementations import ALLREDUCE as _FUNCTIONS, READS_SOURCE
 from psrt.collectives.ready import ReadyCache
 from psrt.transport import Staging, np_view
@@ -124,7 +125,7 @@ class Staged:
     name = "staged"
 
     def enabled(self, group, c: Call) -> bool:
-        return c.t.is_cuda and c.algo != "torch" and not group._staging.direct_cuda
+        return c.t.is_cuda and c.algo not in THROUGH_TORCH and not group._staging.direct_cuda
 
     def run(self, group, c: Call):
         t, op, size = c.t, c.op, group.size

@@ -94,10 +94,11 @@ def broadcast_tensors(tensors: list[torch.Tensor], group, root: int = 0) -> None
 
 
 def join_torch(group, model: torch.nn.Module) -> None:
-    """torch.distributed over the ranks of `group` (the world's), nccl for a CUDA model and
-    gloo otherwise, for the strategies that reduce through it."""
+    """torch.distributed over the ranks of `group` (the world's), for the strategies that
+    reduce through it: gloo for a CPU model; for a CUDA model nccl where each rank of a host
+    has a GPU of its own, else gloo (world.torch_backend_for)."""
     from psrt.world import join_torch_distributed
-    join_torch_distributed(group.rank, group.size, "nccl" if next(model.parameters()).is_cuda else "gloo")
+    join_torch_distributed(group.rank, group.size, None if next(model.parameters()).is_cuda else "gloo")
 
 
 def optimizer_factory(name: str, lr: float | None = None, momentum: float = 0.0,

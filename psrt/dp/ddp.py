@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from psrt.collectives.algorithms import THROUGH_TORCH
 from psrt.collectives.cost import wire_bytes
 from psrt.dp.base import DataParallel, StepStats
 from psrt.dp.common import COMPRESS, Then, check_compress, group_by_bytes, join_torch
@@ -151,7 +152,7 @@ class DDP(DataParallel):
                        for b, bucket in enumerate(self.buckets) for i, p in enumerate(bucket.params)]
 
     def _prepare_backend(self) -> None:
-        if self.algorithm == "torch":
+        if self.algorithm in THROUGH_TORCH:
             join_torch(self.group, self.model)
 
     # ------------------------------------------------------------------ gradient sync

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from psrt.collectives import ALGORITHMS
+from psrt.collectives.algorithms import THROUGH_TORCH
 from psrt.collectives.cost import wire_bytes
 from psrt.dp.base import DataParallel, StepStats
 from psrt.dp.common import COMPRESS, Then, check_compress, flatten, group_by_bytes, join_torch
@@ -78,7 +79,7 @@ def prepare(strategy, model: torch.nn.Module, group) -> list[torch.nn.Parameter]
     0's values on every rank; returns the parameters it updates (at least one, one dtype)."""
     strategy.algorithm = strategy.options.algorithm or "ring"
     check_algorithm(strategy.name, strategy.algorithm)
-    if strategy.algorithm == "torch":
+    if strategy.algorithm in THROUGH_TORCH:
         join_torch(group, model)
     strategy.wire_dtype = COMPRESS[strategy.options.compress]
     strategy.broadcast_initial()

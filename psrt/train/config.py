@@ -206,8 +206,8 @@ class TrainConfig:
         if self.sequence_parallel:
             raise PsrtError("--sequence-parallel with --model moe: the MoE layers take whole sequences "
                             "(every TP rank routes the same tokens)", everywhere=True)
-        if self.algorithm == "torch":
-            raise PsrtError("--algorithm torch with --model moe: the gradients reduce over psrt's own groups "
+        if self.algorithm in ("torch", "nccl"):
+            raise PsrtError(f"--algorithm {self.algorithm} with --model moe: the gradients reduce over psrt's own groups "
                             "(dp, edp); choose one of psrt's algorithms", everywhere=True)
 
     def path_for(self, path: str | None, dp: str) -> str | None:

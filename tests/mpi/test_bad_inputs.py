@@ -66,6 +66,9 @@ CASES = [
     ("train-timeout-negative", py(*TRAIN, "--timeout", "-1"), "--timeout", 0, None),
     ("train-pp-needs-the-transformer", py(*TRAIN, "--pp", "2"), "--pp 2", 0, None),
     ("train-tp-grid-np2", py(*TRAIN, "--tp", "3"), "--tp 3", 2, None),
+    # NCCL: no NCCL in a CPU build of torch; two ranks on one GPU are named (tests/unit/test_device.py)
+    ("train-algorithm-nccl-np2", py(*TRAIN, "--dp", "ring", "--algorithm", "nccl"), "algorithm 'nccl'", 2,
+     None),
     # --- psrt.train: files
     ("train-save-no-dir", py(*TRAIN, "--save", "{tmp}/no/such/x.pt"), "--save {tmp}/no/such/x.pt", 0, None),
     ("train-metrics-is-dir", py(*TRAIN, "--metrics", "{tmp}"), "--metrics", 0, None),

@@ -38,3 +38,22 @@ def test_a_batch_of_any_shape_moves_whole():
     moved = to(batch, torch.device("cpu"))
     assert isinstance(moved["b"], Pair) and moved["b"].y == "label" and moved["a"][1][1] == 3
     assert torch.equal(moved["a"][0], torch.ones(2))
+
+
+def test_nccl_only_where_each_rank_has_a_gpu_of_its_own():
+    from psrt.world import torch_backend_for
+    assert torch_backend_for(None, cuda=False, local_size=2, gpus=0, nccl=True) == "gloo"
+    assert torch_backend_for(None, cuda=True, local_size=4, gpus=4, nccl=True) == "nccl"
+    assert torch_backend_for(None, cuda=True, local_size=2, gpus=1, nccl=True) == "gloo"
+    assert torch_backend_for(None, cuda=True, local_size=1, gpus=1, nccl=False) == "gloo"
+    assert torch_backend_for("gloo", cuda=True, local_size=1, gpus=1, nccl=True) == "gloo"
+    with pytest.raises(PsrtError, match="backend nccl: 2 ranks on this host share 1 GPU") as err:
+        torch_backend_for("nccl", cuda=True, local_size=2, gpus=1, nccl=True)
+    assert "\n" not in str(err.value)
+
+
+def test_the_nccl_algorithm_names_two_ranks_on_one_gpu():
+    from psrt.collectives.nccl import sharing
+    assert sharing([("a", 0), ("a", 1), ("b", 0), ("b", 1)]) is None
+    assert sharing([("a", 0), ("b", 0), ("a", 1), ("b", 0)]) == (1, 3)
+    assert sharing([]) is None

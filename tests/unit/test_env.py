@@ -64,6 +64,6 @@ def test_no_module_but_env_reads_a_psrt_variable():
 
 
 def test_backend_algorithms_are_psrts_own_less_torch():
-    from psrt.collectives.algorithms import ALGORITHMS
+    from psrt.collectives.algorithms import ALGORITHMS, THROUGH_TORCH
     # the all-reduce algorithms name a group's algorithm; all-to-all's pairwise is chosen per call
-    assert set(env.BACKEND_ALGORITHMS) == {"auto"} | set(ALGORITHMS["allreduce"]) - {"torch"}
+    assert set(env.BACKEND_ALGORITHMS) == {"auto"} | set(ALGORITHMS["allreduce"]) - set(THROUGH_TORCH)

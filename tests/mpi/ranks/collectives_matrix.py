@@ -15,6 +15,7 @@ import torch
 
 import psrt
 from psrt.collectives import ALGORITHMS
+from psrt.collectives.algorithms import THROUGH_TORCH
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
           torch.int64, torch.uint8]
@@ -80,7 +81,7 @@ def main() -> int:
             failures.append(detail)
 
     def algos(coll):
-        return [a for a in ALGORITHMS[coll] if a != "torch" or args.torch] + ["auto"]
+        return [a for a in ALGORITHMS[coll] if a not in THROUGH_TORCH or (a == "torch" and args.torch)] + ["auto"]
 
     # ---------------------------------------------------------- allreduce, reduce, reduce_scatter
     for dtype in dtypes:

@@ -26,6 +26,7 @@ import torch
 import psrt
 from psrt.trace import Tracer
 from psrt.collectives import paths, small
+from psrt.collectives.algorithms import THROUGH_TORCH
 from psrt.collectives.implementations import ALLREDUCE
 from psrt.collectives.staged import Pool, Stager
 from late_lanes import LateLanes
@@ -74,13 +75,13 @@ for algo in small.ALLREDUCE:
 class StagedOnCpu(paths.Staged):
     """The staged entry taking CPU tensors too, so that its schedule runs here."""
     def enabled(self, group, call) -> bool:
-        return call.algo != "torch"
+        return call.algo not in THROUGH_TORCH
 
 
 staged = psrt.Communicator(comm)
 staged.paths = (StagedOnCpu(),)
 staged._stager = Stager(Pool(chunk_bytes=256, pin=False), lanes_for=LateLanes)
-for algo in (a for a in ALLREDUCE if a != "torch"):
+for algo in (a for a in ALLREDUCE if a not in THROUGH_TORCH):
     for numel in (0, 1, 37, 300):       # 300 float32 = 1200 bytes: 4 chunks and a partial fifth
         for dtype in (torch.float32, torch.bfloat16, torch.int64):
             for op in ("sum", "max") + (("avg",) if dtype.is_floating_point else ()):

@@ -16,6 +16,7 @@ import torch
 
 import psrt
 from psrt.collectives import ALGORITHMS
+from psrt.collectives.algorithms import THROUGH_TORCH
 
 ops_max, seconds = int(sys.argv[1]), float(sys.argv[2])
 world = psrt.init()
@@ -64,7 +65,7 @@ t0, done, wrong, pending, rss = time.monotonic(), 0, 0, [], {}
 while done < ops_max:
     kind = kinds[rng.integers(len(kinds))]
     algos = ALGORITHMS.get(kind, ("native",))
-    algo = [a for a in algos if a != "torch"][rng.integers(len([a for a in algos if a != "torch"]))] \
+    algo = [a for a in algos if a not in THROUGH_TORCH][rng.integers(len([a for a in algos if a not in THROUGH_TORCH]))] \
         if kind != "alltoall" else None
     numel = int(rng.choice([0, 1, 3, 17, 1000, 4099, 65536, 300_000], p=[.05, .1, .1, .15, .2, .2, .15, .05]))
     async_op = bool(rng.integers(2))

@@ -17,7 +17,8 @@ say "gpu_check: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 say "gpu_check: $($PY -c 'import torch; from mpi4py import MPI; print("torch", torch.__version__, "| cuda", torch.version.cuda, "|", MPI.Get_library_version().split(",")[0].strip())')"
 
 # 1. every CUDA test (the CPU-only ones skip themselves on a GPU-less machine, never here)
-timeout 330 "$PY" -m pytest -q -p no:cacheprovider -rs tests/mpi/test_cuda.py tests/unit/test_device.py \
+timeout 300 "$PY" -m pytest -q -p no:cacheprovider -rs tests/mpi/test_cuda.py tests/unit/test_device.py \
+    tests/unit/test_staged.py \
     2>&1 | tee -a "$LOG" | tail -25
 tests=${PIPESTATUS[0]}
 
@@ -35,9 +36,14 @@ print(sys.argv[2], f"{s['samples_per_s']:.0f}", f"{s['train_loss']:.4f}")
 PYEOF
     done
 }
-DPS=ps,ring,zero3
+DPS=ps,ring,zero3,torch
 row cpu $DPS >"$OUTDIR/cpu.txt"
 row cuda $DPS >"$OUTDIR/cuda.txt"
+
+# 3. the CUDA all-reduce: staged (or CUDA-aware) psrt beside torch.distributed and the model
+timeout 150 mpirun -np 2 --bind-to none "$PY" -m psrt.bench collectives --device cuda \
+    --sizes 1MiB,16MiB,64MiB --algorithms ring,native,auto,torch --repeats 3 --warmup 1 \
+    >"$OUTDIR/bench.txt" 2>>"$LOG" || echo "gpu bench failed" >>"$OUTDIR/bench.txt"
 
 say ""
 say "gpu_check summary"
@@ -46,4 +52,6 @@ printf '%-10s %14s %14s %10s %12s %12s\n' strategy "cpu samples/s" "gpu samples/
 join <(sort "$OUTDIR/cpu.txt") <(sort "$OUTDIR/cuda.txt") | while read -r dp cs cl gs gl; do
     printf '%-10s %14s %14s %10s %12s %12s\n' "$dp" "$cs" "$gs" "$(awk -v a="$gs" -v b="$cs" 'BEGIN{printf "%.2fx", a/b}')" "$cl" "$gl"
 done | tee -a "$LOG"
+say ""
+say "$(cat "$OUTDIR/bench.txt")"
 exit "$tests"

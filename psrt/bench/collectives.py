@@ -147,23 +147,24 @@ def _wrong(group: Communicator, collective: str, result, n: int) -> int:
             "broadcast": 1.0}.get(collective)
     if collective == "allgather":
         per = result.numel() // n
-        want_t = torch.arange(1, n + 1, dtype=result.dtype).repeat_interleave(per)
+        want_t = torch.arange(1, n + 1, dtype=result.dtype, device=result.device).repeat_interleave(per)
         return int((result.reshape(-1) != want_t).sum())
     return int((result != want).sum())
 
 
 def measure(group: Communicator, collective: str, algorithms: list[str], nbytes: int,
             dtype: torch.dtype = torch.float32, warmup: int = 3, repeats: int = 5,
-            min_time_s: float = 0.02) -> list[Point]:
+            min_time_s: float = 0.02, device: torch.device = torch.device("cpu")) -> list[Point]:
     """Time every algorithm at one size (psrt.bench.timing: interleaved rounds of about
-    min_time_s each, slowest rank), after checking each one's result."""
+    min_time_s each, slowest rank), after checking each one's result; on CUDA each call
+    ends when the GPU is done."""
     n = group.size
     esize = torch.empty(0, dtype=dtype).element_size()
     numel = max(nbytes // esize, 1)
     if collective == "allgather":
         numel = max(numel // n, 1)
-    x = torch.full((numel,), float(group.rank + 1), dtype=dtype)
-    out = torch.empty(numel * (n if collective == "allgather" else 1), dtype=dtype)
+    x = torch.full((numel,), float(group.rank + 1), dtype=dtype, device=device)
+    out = torch.empty(numel * (n if collective == "allgather" else 1), dtype=dtype, device=device)
     fresh = x.clone()
     worker = None
     if any(a in FLOORS for a in (split_name(a)[0] for a in algorithms if split_name(a)[1] == "async")):
@@ -174,6 +175,9 @@ def measure(group: Communicator, collective: str, algorithms: list[str], nbytes:
     if any(split_name(a)[1] == "persistent" for a in algorithms):
         twin = Communicator(group.comm, persistent=True)
     calls = {a: caller(group, collective, a, x, out, own[a], worker, twin) for a in algorithms}
+    if device.type == "cuda":
+        from psrt.bench.cuda import synchronised
+        calls = {a: synchronised(c) for a, c in calls.items()}
     wrong = {}
     for algo in algorithms:
         x.copy_(fresh)
@@ -198,14 +202,17 @@ def point(collective: str, algorithm: str, total: int, dtype: torch.dtype, n: in
 
 
 def algorithms_for(collective: str, requested: list[str] | None, torch_ready: bool,
-                   dtype: torch.dtype = torch.float32, calls=("out",)) -> list[str]:
+                   dtype: torch.dtype = torch.float32, calls=("out",), cuda: bool = False) -> list[str]:
     """The rows to time: the requested names (default: every algorithm, auto and the floors)
-    that apply, each psrt algorithm and floor of an all-reduce once per call in `calls`."""
+    that apply, each psrt algorithm and floor of an all-reduce once per call in `calls`.
+    nccl only on CUDA (where bench/cuda.py keeps it if each rank has a GPU of its own); the
+    peers called on host buffers only on the CPU."""
     from psrt.collectives.small import DTYPES
     names = list(requested) if requested else list(ALGORITHMS[collective]) + ["auto"] + list(FLOORS)
     names = [a for a in names if a == "auto" or a in PEERS or a in ALGORITHMS[collective]]
     if not torch_ready:
         names = [a for a in names if a != "torch"]
+    names = [a for a in names if a not in (PEERS if cuda else ("nccl",))]
     if collective != "allreduce":
         names = [a for a in names if a not in PEERS]
     if dtype not in DTYPES:     # NumPy has no bfloat16, and its float16 is not torch's
@@ -249,6 +256,9 @@ def add_arguments(c) -> None:
                         "requests; its floor is inplace's): rows ALGORITHM+CALL")
     add_size_arguments(c, "4", "64MiB")
     c.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"])
+    c.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
+                   help="where the tensors live; cuda adds the copy bandwidth, each algorithm on host "
+                        "tensors (host:ALGO), the staged model and torch.distributed's rows (bench/cuda.py)")
     c.add_argument("--warmup", type=int, default=3)
     c.add_argument("--repeats", type=int, default=5)
     c.add_argument("--json", help="write points as JSON")
@@ -294,9 +304,14 @@ def command(args) -> int:
     if world.rank != 0:
         return 0
     add_ratios(rows)
+    gpu = None
+    if args.device.type == "cuda":
+        from psrt.bench import cuda
+        gpu = cuda.Gpu(args.device, *cuda.copy_bandwidth(args.device), staged=not group._staging.direct_cuda)
+        cuda.add_models(rows, gpu)
     wrong = sum(r["wrong"] for r in rows)
     if not args.quiet:
-        print_rows(rows, args, world)
+        print_rows(rows, args, world, gpu)
     write(rows, args, world)
     return 1 if wrong else 0
 
@@ -304,36 +319,60 @@ def command(args) -> int:
 def measure_all(args, world, group: Communicator) -> list[dict]:
     """Every point the arguments ask for, as rows sorted for the table (every rank)."""
     import psrt
+    from psrt.dp.device import pick
     from psrt.train.report import Progress, fmt_bytes
     sizes = sizes_from(args)
     dtype = getattr(torch, args.dtype)
-    torch_ready = False
+    device = args.device = pick(args.device, world.local_rank)
+    cuda = device.type == "cuda"
     wanted = args.algorithms.split(",") if args.algorithms else None
-    if wanted is None or "torch" in wanted:
+    torch_ready = wanted is None or "torch" in wanted or "nccl" in wanted
+    if torch_ready:
         psrt.init_torch_distributed(world)
-        torch_ready = True
     # Horovod's background thread runs an MPI negotiation every cycle, even when idle, which
     # slows every other algorithm measured beside it: Horovod is timed in a phase of its own,
     # after the others, and shut down.
     phases = [None] if wanted is None else \
         [p for p in ([a for a in wanted if a != HOROVOD], [a for a in wanted if a == HOROVOD]) if p]
     plan = [(algos, c, s) for algos in phases for c in args.collective.split(",") for s in sizes
-            if algorithms_for(c, algos, torch_ready, dtype, args.calls)]
+            if algorithms_for(c, algos, torch_ready, dtype, args.calls, cuda)]
     progress = Progress(len(plan), f"bench np={world.size}", enabled=world.rank == 0 and not args.quiet,
                         unit="points")
     points, hvd = [], None
+    rows_at = on_device(group) if cuda else None
     for i, (algos, coll, size) in enumerate(plan, 1):
         if algos == [HOROVOD] and hvd is None:
             from psrt.dp.horovod import init_horovod
             hvd = init_horovod(group)
-        points += measure(group, coll, algorithms_for(coll, algos, torch_ready, dtype, args.calls), size,
-                          dtype, warmup=args.warmup, repeats=args.repeats)
+        names = algorithms_for(coll, algos, torch_ready, dtype, args.calls, cuda)
+        if rows_at is None:
+            points += measure(group, coll, names, size, dtype, warmup=args.warmup, repeats=args.repeats)
+        else:
+            points += rows_at(coll, names, size, dtype, args)
         progress.update(i, f"{coll} {fmt_bytes(size)}")
     if hvd is not None:
         hvd.shutdown()
     # one table block per algorithm reads best: sort by collective, algorithm order, size
     order = {a: i for i, a in enumerate(dict.fromkeys(p.algorithm for p in points))}
     return [p.row() for p in sorted(points, key=lambda p: (p.collective, order[p.algorithm], p.nbytes))]
+
+
+def on_device(group: Communicator):
+    """`(collective, names, size, dtype, args) -> points` for --device cuda: the rows on CUDA
+    tensors, then psrt's algorithms on host tensors as rows host:ALGO (bench/cuda.py)."""
+    from dataclasses import replace
+
+    from psrt.bench import cuda
+    from psrt.collectives import nccl
+    import socket
+    own_gpu = nccl.sharing(group.comm.allgather((socket.gethostname(), torch.cuda.current_device()))) is None
+
+    def rows(coll: str, names: list[str], size: int, dtype, args) -> list[Point]:
+        on_gpu = measure(group, coll, cuda.device_rows(names, own_gpu), size, dtype, args.warmup,
+                         args.repeats, device=args.device)
+        on_host = measure(group, coll, cuda.host_rows(names), size, dtype, args.warmup, args.repeats)
+        return on_gpu + [replace(p, algorithm=cuda.HOST + p.algorithm) for p in on_host]
+    return rows
 
 
 def add_ratios(rows: list[dict]) -> None:
@@ -348,8 +387,10 @@ def add_ratios(rows: list[dict]) -> None:
     against_floors(rows)
 
 
-def print_rows(rows: list[dict], args, world) -> None:
+def print_rows(rows: list[dict], args, world, gpu=None) -> None:
     from psrt.bench import report
+    if gpu is not None:
+        print(gpu.heading())
     print(f"# psrt collectives: N={world.size} ranks on {world.num_nodes} host(s), dtype {args.dtype}; "
           f"time = median of {args.repeats} loops, slowest rank; x native = native time / time; "
           f"x own floor = time / time of the same schedule in bare mpi4py called the same way "
@@ -360,6 +401,9 @@ def print_rows(rows: list[dict], args, world) -> None:
                ("vs_floor", "x own floor", ".2f")]
     if any(r.get("vs_sync_floor") for r in rows):
         columns.append(("vs_sync_floor", "x sync floor", ".2f"))
+    if gpu is not None:
+        from psrt.bench.cuda import COLUMNS
+        columns += COLUMNS
     for coll in dict.fromkeys(r["collective"] for r in rows):
         print(f"\n## {coll}")
         report.table([r for r in rows if r["collective"] == coll], columns)

@@ -74,3 +74,24 @@ def test_the_model_is_the_slowest_stage_plus_one_chunk_through_the_others():
     t = staged.staged_time(64 * mib, 1e9, 2e9, lambda n: n / 4e9, chunk_bytes=4 * mib)
     assert t == pytest.approx(64 * mib / 1e9 + 4 * mib / 4e9 + 4 * mib / 2e9)
     assert staged.staged_time(0, 1e9, 1e9, reduce_s) == 0.0
+
+
+def test_the_gpu_bench_puts_each_staged_row_beside_its_model_and_torch():
+    from psrt.bench import cuda
+    mib = 1 << 20
+    gpu = cuda.Gpu(torch.device("cuda", 0), down_bps=50e9, up_bps=50e9, staged=True)
+    rows = [{"algorithm": "ring", "nbytes": 16 * mib, "time_us": 30_000.0},
+            {"algorithm": "host:ring", "nbytes": 16 * mib, "time_us": 25_000.0},
+            {"algorithm": "torch", "nbytes": 16 * mib, "time_us": 40_000.0},
+            {"algorithm": "auto", "nbytes": 16 * mib, "time_us": 20_000.0}]
+    cuda.add_models(rows, gpu)
+    ring, host, peer, auto = rows
+    want = 25_000.0 + 2 * (4 * mib / 50e9) * 1e6     # the host stage, plus one chunk down and up
+    assert ring["model_us"] == pytest.approx(want) and ring["vs_model"] == pytest.approx(30_000.0 / want)
+    assert ring["vs_torch"] == pytest.approx(0.75) and auto["vs_torch"] == pytest.approx(0.5)
+    assert "model_us" not in host and "model_us" not in auto and "vs_torch" not in host
+    direct = [{k: r[k] for k in ("algorithm", "nbytes", "time_us")} for r in rows[:3]]
+    cuda.add_models(direct, cuda.Gpu(gpu.device, 1e9, 1e9, staged=False))
+    assert "model_us" not in direct[0]          # a CUDA-aware MPI stages nothing
+    assert cuda.device_rows(["ring", "nccl", "torch"], own_gpu=False) == ["ring", "torch"]
+    assert cuda.host_rows(["ring", "auto", "torch", "nccl", "native"]) == ["ring", "native"]

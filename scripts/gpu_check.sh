@@ -44,6 +44,17 @@ row cuda $DPS >"$OUTDIR/cuda.txt"
 timeout 150 mpirun -np 2 --bind-to none "$PY" -m psrt.bench collectives --device cuda \
     --sizes 1MiB,16MiB,64MiB --algorithms ring,native,auto,torch --repeats 3 --warmup 1 \
     >"$OUTDIR/bench.txt" 2>>"$LOG" || echo "gpu bench failed" >>"$OUTDIR/bench.txt"
+# 4. torch DDP on psrt's backend vs on gloo, a 25M-parameter MLP (100 MiB of gradients) on the GPU
+timeout 150 mpirun -np 2 --bind-to none "$PY" -m psrt.bench c10d --device cuda --grad-mb 100 \
+    --rounds 2 --steps 2 --quiet --json "$OUTDIR/c10d.json" >>"$LOG" 2>&1 || echo "c10d bench failed" >>"$OUTDIR/bench.txt"
+"$PY" - "$OUTDIR/c10d.json" >>"$OUTDIR/bench.txt" 2>&1 <<'PYEOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for r in d["rows"]:
+    print(f"c10d {r['way']:<22} {r['step_s'] * 1e3:8.1f} ms  x gloo {r['vs_gloo']:.2f}")
+for g in d["goals"]:
+    print(f"goal {g['status']}: {g['goal']}: {g['value']}")
+PYEOF
 
 say ""
 say "gpu_check summary"

@@ -14,7 +14,10 @@ Rows:
                                               adds to the compute, which it cannot hide on a
                                               machine whose cores all train
 
-Every row trains its own copy of the same model (same seed) on the same batches, SGD.  Rounds
+Every row trains its own copy of the same model (same seed) on the same batches, SGD.  With
+`--device cuda` the models and batches are on each rank's GPU (torch.distributed moves CUDA
+tensors: psrt staged through host memory or through a CUDA-aware MPI, gloo its own way), and a
+step ends when the GPU is done.  Rounds
 are interleaved within a phase (a change of machine load hits every row alike), step time is
 the slowest rank's, the median over rounds is reported.  gloo's groups start only after the
 psrt rows are measured, as in `bench training`: gloo's threads would tax MPI rows beside them.
@@ -44,18 +47,20 @@ def build_model(grad_mb: float, width: int):
 
 
 def measure(grad_mb: float, width: int = 1024, batch: int = 32, steps: int = 3, rounds: int = 3,
-            progress=None) -> list[dict]:
+            progress=None, device: str = "cpu") -> list[dict]:
     """One row per way of training, the same on every rank (run after init_process_group('psrt'))."""
     import torch
 
     from psrt.bench import timing
     from psrt.c10d import job_world
 
+    from psrt.dp.device import pick
     world = job_world()
+    on = pick(device, world.local_rank)
     g = torch.Generator().manual_seed(1 + world.rank)
-    data = [(torch.randn(batch, width, generator=g), torch.randn(batch, width, generator=g))
+    data = [(torch.randn(batch, width, generator=g).to(on), torch.randn(batch, width, generator=g).to(on))
             for _ in range(steps)]
-    ways = Ways(world, grad_mb, width)
+    ways = Ways(world, grad_mb, width, on)
     times: dict[str, timing.Timing] = {}
     tick = timing.ticker(progress)
     for phase in (ways.psrt_phase, ways.gloo_phase):
@@ -63,12 +68,12 @@ def measure(grad_mb: float, width: int = 1024, batch: int = 32, steps: int = 3, 
         # one warm-up round of the same steps, then the timed rounds, interleaved
         times.update(timing.interleaved(world.comm, runners, rounds, warmup=len(data), per_round=len(data),
                                         on_round=tick))
-    return rows_of(times, world.size, ways.params)
+    return rows_of(times, world.size, ways.params, on.type)
 
 
-def rows_of(times: dict, n: int, params: int) -> list[dict]:
+def rows_of(times: dict, n: int, params: int, device: str = "cpu") -> list[dict]:
     """The rows with their ratios to the same on gloo and to psrt's own ring DDP."""
-    rows = [{"way": name, "ranks": n, "grad_mib": params * 4 / MB, "step_s": t.median}
+    rows = [{"way": name, "ranks": n, "grad_mib": params * 4 / MB, "step_s": t.median, "device": device}
             for name, t in times.items()]
     by = {r["way"]: r["step_s"] for r in rows}
     for row in rows:
@@ -87,29 +92,44 @@ def _loss(model, mb):
 class Ways:
     """The ways of training one model, each a step function of a batch, built per phase."""
 
-    def __init__(self, world, grad_mb: float, width: int):
+    def __init__(self, world, grad_mb: float, width: int, device=None):
+        import torch
         self.world, self.grad_mb, self.width = world, grad_mb, width
+        self.device = device or torch.device("cpu")
         self.params = sum(p.numel() for p in build_model(grad_mb, width).parameters())
+
+    def model(self):
+        return build_model(self.grad_mb, self.width).to(self.device)
+
+    def finished(self, step):
+        """`step`, ending when the GPU has done its work (a CPU step ends when it returns)."""
+        import torch
+        if self.device.type != "cuda":
+            return step
+
+        def run(mb):
+            step(mb)
+            torch.cuda.synchronize(self.device)
+        return run
 
     def torch_runner(self, wrap):
         import torch
-        model = wrap(build_model(self.grad_mb, self.width))
+        model = wrap(self.model())
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
         def step(mb):
             opt.zero_grad(set_to_none=True)
             _loss(model, mb).backward()
             opt.step()
-        return step
+        return self.finished(step)
 
-    @staticmethod
-    def fsdp(group):
+    def fsdp(self, group):
         import torch
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.fsdp import fully_shard
 
         def wrap(model):
-            mesh = DeviceMesh.from_group(group, "cpu")
+            mesh = DeviceMesh.from_group(group, self.device.type)
             for layer in model:
                 if isinstance(layer, torch.nn.Linear):
                     fully_shard(layer, mesh=mesh)
@@ -122,16 +142,15 @@ class Ways:
         import psrt
         from psrt.dp import strategy_class
         group = psrt.Communicator(self.world.comm, algorithm="ring")
-        model = build_model(self.grad_mb, self.width)
-        dp = strategy_class("ring")(model, lambda p: torch.optim.SGD(p, lr=0.01), group)
-        return lambda mb: dp.step(lambda b: _loss(dp.model, b), [mb])
+        dp = strategy_class("ring")(self.model(), lambda p: torch.optim.SGD(p, lr=0.01), group)
+        return self.finished(lambda mb: dp.step(lambda b: _loss(dp.model, b), [mb]))
 
     def allreduce(self, group):
         """The gradients' all-reduce alone (the communication a DDP step adds)."""
         import torch
         import torch.distributed as dist
-        buf = torch.ones(self.params)
-        return lambda mb: dist.all_reduce(buf, group=group)
+        buf = torch.ones(self.params, device=self.device)
+        return self.finished(lambda mb: dist.all_reduce(buf, group=group))
 
     def psrt_phase(self) -> dict:
         import torch.distributed as dist
@@ -168,6 +187,10 @@ def goals(rows: list[dict]) -> list[Goal]:
         by = {r["way"]: r for r in rows if (r["ranks"], r["grad_mib"]) == (n, mib)}
         where = f"N={n}, {mib:.0f} MiB"
         best = max((by[f"ddp/psrt-{a}"] for a in ("ring", "auto")), key=lambda r: r["vs_gloo"])
+        if best.get("device") == "cuda":    # on a GPU: at most 0.9x gloo's step
+            out.append(Goal(f"{where}, CUDA: DDP on psrt at most 0.9x the step of DDP on gloo", best["way"],
+                            "ddp/gloo", "<=", 0.9, 1 / best["vs_gloo"], detail=f"({best['way']})"))
+            continue
         out.append(Goal(f"{where}: DDP on psrt >= 1.25x faster per step than DDP on gloo", best["way"],
                         "ddp/gloo", ">=", 1.25, best["vs_gloo"], detail=f"({best['way']})"))
         out.append(Goal(f"{where}: DDP on psrt within 1.15x of psrt --dp ring", best["way"], "psrt --dp ring",
@@ -189,6 +212,8 @@ def add_arguments(ap) -> None:
     ap.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     ap.add_argument("--steps", type=int, default=3, help="steps per timed round")
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds (median)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
+                    help="where the models and batches live (each rank's GPU: local rank modulo the GPUs)")
     ap.add_argument("--json", metavar="FILE", help="also write the rows and goals as JSON")
     ap.add_argument("--quiet", action="store_true")
 
@@ -208,7 +233,7 @@ def report_rows(rows: list[dict], args, show: bool) -> None:
     from psrt.bench import goal, report
     found = goals(rows)
     if show:
-        print(f"# torch DDP / FSDP2 on psrt vs gloo; MLP of width {args.width}, {args.batch} samples "
+        print(f"# torch DDP / FSDP2 on psrt vs gloo on {args.device}; MLP of width {args.width}, {args.batch} samples "
               f"per rank, SGD; step = median of {args.rounds} rounds of {args.steps} steps, slowest rank")
         report.table(rows, COLUMNS)
         goal.print_goals(found)
@@ -241,7 +266,7 @@ def command(args) -> int:
                         enabled=world.rank == 0 and not args.quiet, unit="rounds")
     rows = []
     for grad_mb in sizes:
-        rows += measure(grad_mb, args.width, args.batch, args.steps, args.rounds, progress)
+        rows += measure(grad_mb, args.width, args.batch, args.steps, args.rounds, progress, args.device)
     if world.rank == 0:
         report_rows(rows, args, show=not args.quiet)
     dist.destroy_process_group()
@@ -254,7 +279,8 @@ def launch(args) -> list[dict]:
     rows = []
     for np_ in _numbers(args.np, "np"):
         rank_args = ["c10d", "--grad-mb", args.grad_mb, "--width", str(args.width), "--batch",
-                     str(args.batch), "--steps", str(args.steps), "--rounds", str(args.rounds)]
+                     str(args.batch), "--steps", str(args.steps), "--rounds", str(args.rounds),
+                     "--device", args.device]
         if not args.quiet:
             print(f"psrt.bench c10d: {np_} ranks ...", file=sys.stderr, flush=True)
         rows += jobs.local(np_, rank_args + ["--quiet"], timeout_s=1200)["rows"]

@@ -92,19 +92,21 @@ def available(names: list[str]) -> list[str]:
 
 def measure(world, names: list[str], model_name: str = "mlp", width: int = 1024, layers: int = 2,
             per_rank_batch: int = 32, steps: int = 5, rounds: int = 3, warmup: int = 2,
-            bucket_mb: float | None = None, progress=None, trace: str | None = None) -> list[dict]:
+            bucket_mb: float | None = None, progress=None, trace: str | None = None,
+            device: torch.device = torch.device("cpu")) -> list[dict]:
     """One row per strategy, the same on every rank: step time (slowest and fastest rank),
     samples/s, the ratio to torch DDP, and how far its parameters ended from the first
     strategy's (max_param_diff).  A name ending in TRACED is that strategy recording a
-    psrt.trace timeline, which `trace` names the file of."""
+    psrt.trace timeline, which `trace` names the file of.  On a CUDA `device` the models and
+    batches are there and a step ends when the GPU is done."""
     from psrt.train.data import load
     dataset = load("synthetic" if model_name != "transformer" else "text")
     ctl = world.comm.Dup()
     # Each rank its own samples: a strategy that failed to average would drift apart.
     g = torch.Generator().manual_seed(1 + world.rank)
     idx = torch.randint(len(dataset), (steps, per_rank_batch), generator=g)
-    data = [[(dataset.train_x[i], dataset.train_y[i])] for i in idx]
-    build = Build(world, dataset, model_name, width, layers, bucket_mb)
+    data = [[(dataset.train_x[i].to(device), dataset.train_y[i].to(device))] for i in idx]
+    build = Build(world, dataset, model_name, width, layers, bucket_mb, device)
     times, params = {}, {}
     tick = timing.ticker(progress)
     for phase in phases(names):
@@ -132,8 +134,9 @@ def phases(names: list[str]) -> list[list[str]]:
 class Build:
     """Makes each phase's strategies on their own copy of the same model, and ends them."""
 
-    def __init__(self, world, dataset, model_name: str, width: int, layers: int, bucket_mb: float | None):
-        self.world, self.dataset, self.bucket_mb = world, dataset, bucket_mb
+    def __init__(self, world, dataset, model_name: str, width: int, layers: int, bucket_mb: float | None,
+                 device: torch.device = torch.device("cpu")):
+        self.world, self.dataset, self.bucket_mb, self.device = world, dataset, bucket_mb, device
         self.model_args = (model_name, dataset, width, layers)
         self.groups: list = []
 
@@ -148,7 +151,7 @@ class Build:
             group = psrt.Communicator(self.world.comm, algorithm="auto", tracer=Tracer() if base != name else None)
             self.groups.append(group)
             torch.manual_seed(0)
-            model = build_model(*self.model_args)
+            model = build_model(*self.model_args).to(self.device)
             strategies[name] = make_strategy(base, model, lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9),
                                              group, self.bucket_mb)
         return strategies
@@ -159,9 +162,13 @@ class Build:
         forward = getattr(s, "ddp", s.model)        # torch's DDP must see the forward pass through its wrapper
         task = self.dataset.task
 
+        cuda = self.device.type == "cuda"
+
         def step(batch):
             with s.tracer.span("step", "step"):
                 s.step(lambda mb: loss_and_correct(forward, mb, task)[0], batch)
+                if cuda:
+                    torch.cuda.synchronize(self.device)
         return step
 
     def finish(self, strategies: dict, ctl, trace: str | None) -> dict:
@@ -229,6 +236,8 @@ def add_arguments(tr) -> None:
     tr.add_argument("--rounds", type=int, default=3)
     tr.add_argument("--trace", metavar="FILE", help="also time the ring with psrt.trace recording (row "
                     "ring+trace, the overhead) and write its Chrome-trace timeline to FILE")
+    tr.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
+                    help="where the models and batches live (each rank's GPU: local rank modulo the GPUs)")
     tr.add_argument("--json")
     tr.add_argument("--quiet", action="store_true")
 
@@ -258,8 +267,10 @@ def command(args) -> int:
         print("psrt.bench: horovod is not installed, left out (scripts/install_horovod.sh)", file=sys.stderr)
     progress = Progress(len(names) * (args.rounds + 1), f"training np={world.size}",
                         enabled=world.rank == 0 and not args.quiet, unit="rounds")
-    rows = measure(world, names, args.model, args.width, args.layers, args.batch,
-                   args.steps, args.rounds, bucket_mb=args.bucket_mb, progress=progress, trace=args.trace)
+    from psrt.dp.device import pick
+    device = pick(args.device, world.local_rank)
+    rows = measure(world, names, args.model, args.width, args.layers, args.batch, args.steps, args.rounds,
+                   bucket_mb=args.bucket_mb, progress=progress, trace=args.trace, device=device)
     # whether each rank's MPI yielded, read back from the library: shows what a PSRT_YIELD did
     yield_when_idle = world.comm.gather(mpi_yields_when_idle(), root=0)
     if world.rank != 0:
@@ -271,6 +282,7 @@ def command(args) -> int:
         report.write_json(args.json, {"meta": {"world_size": world.size, "num_nodes": world.num_nodes,
                                                "model": args.model, "width": args.width, "layers": args.layers,
                                                "batch_per_rank": args.batch, "mpi": report.mpi_version(),
+                                               "device": str(device),
                                                "yield_when_idle": yield_when_idle},
                                       "rows": rows})
     return 0

@@ -83,6 +83,21 @@ def by_place(storages: dict) -> dict[str, int]:
     return {"host": sum(storages.values()) - device, "device": device}
 
 
+def allocator(device: torch.device) -> dict[str, int]:
+    """What the CUDA caching allocator counts for this process on `device`: bytes of live
+    tensors now (`allocated`: the model states and buffers above, plus whatever else is
+    alive) and the most at any moment since `reset_peak` (`peak`: activations included).
+    Empty off CUDA."""
+    if device.type != "cuda":
+        return {}
+    return {"allocated": torch.cuda.memory_allocated(device), "peak": torch.cuda.max_memory_allocated(device)}
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 def state_bytes_per_param(optimizer: str, momentum: float = 0.0) -> int:
     """K of the formula for fp32 states: Adam keeps two moments, SGD one momentum buffer."""
     return 8 if optimizer == "adam" else (4 if momentum else 0)

@@ -165,6 +165,7 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
     saves = [k for k in range(start + 1, total) if every and k % every == 0]  # after step k
     totals = Totals()
     routing = RoutingTotals()
+    memory.reset_peak(device_of(run))
     ctl.Barrier()
     t0 = time.perf_counter()
     if run.is_worker:
@@ -253,7 +254,16 @@ def held_by(run) -> dict:
     for c in run.components:
         for part, v in memory.held(c).items():
             out[part] = out.get(part, 0) + v
+    out.update(memory.allocator(device_of(run)))
     return out
+
+
+def device_of(run) -> torch.device:
+    """Where this rank's model lives (the CPU for a rank that holds no parameters)."""
+    for c in run.components:
+        for p in c.model.parameters():
+            return p.device
+    return torch.device("cpu")
 
 
 def activations(model, forward) -> int:
@@ -289,6 +299,9 @@ def memory_row(dp: str, everyone: list[dict], model, cfg: TrainConfig, dp_size: 
     row["mem_activations"] = max(r["held"].get("activations", 0) for r in everyone)
     row["params"] = phi
     row["offload"] = offload
+    for key in ("allocated", "peak"):          # the CUDA allocator's count, beside the formula
+        if any(key in r["held"] for r in everyone):
+            row[f"mem_cuda_{key}"] = max(r["held"].get(key, 0) for r in everyone)
     if expect is not None:
         row["formula_states"] = sum(expect.values())
     if cfg.model == "transformer" and not dp_size:

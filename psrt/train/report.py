@@ -136,6 +136,8 @@ MEMORY_COLUMNS = [("dp", "strategy", ""), ("mem_params", "params", "bytes"), ("m
                   ("mem_buffers", "comm buffers", "bytes"), ("mem_activations", "activations/micro-batch", "bytes"),
                   ("formula_activations", "formula", "bytes")]
 PLACE_COLUMNS = [("mem_device", "on device", "bytes"), ("mem_host", "on host", "bytes")]
+# torch.cuda.memory_allocated / max_memory_allocated on the rank holding the most
+CUDA_COLUMNS = [("mem_cuda_allocated", "CUDA allocated", "bytes"), ("mem_cuda_peak", "CUDA peak", "bytes")]
 
 
 def memory_block(rows: list[dict], optimizer: str, precision: str = "fp32") -> str:
@@ -143,7 +145,7 @@ def memory_block(rows: list[dict], optimizer: str, precision: str = "fp32") -> s
     model state after the last step, measured, beside ZeRO's formula, and the activations
     one micro-batch's forward keeps for backward (psrt.dp.memory).  Where a rank holds
     anything on an accelerator, or offloads its optimizer, its bytes are split by where they
-    live."""
+    live; on CUDA the allocator's own count, now and at its peak, stands beside them."""
     for r in rows:
         if r.get("formula_states"):
             r["vs_formula"] = r["mem_states"] / r["formula_states"] - 1
@@ -152,6 +154,8 @@ def memory_block(rows: list[dict], optimizer: str, precision: str = "fp32") -> s
     columns = MEMORY_COLUMNS if formula_acts else MEMORY_COLUMNS[:-1]
     if any(r.get("offload") or r.get("mem_device") for r in rows):
         columns = columns + PLACE_COLUMNS
+    if any(r.get("mem_cuda_allocated") for r in rows):
+        columns = columns + CUDA_COLUMNS
     acts = ""
     if formula_acts:
         acts = ("; activations: Korthikanti et al. (2022) adapted to psrt's transformer (16 sbh elements per block, "

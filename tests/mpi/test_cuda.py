@@ -48,8 +48,8 @@ def test_sharded_stages_on_cuda(run_ranks):
     assert all(r["extra"]["prefetch_stream"] == "side" for r in side), side
 
 
-def _final_losses(run_ranks, np_, *args):
-    """The final train loss of each strategy of a psrt.train run (its --metrics summaries)."""
+def _summaries(run_ranks, np_, *args):
+    """Each strategy's --metrics summary of a psrt.train run."""
     import json
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
@@ -60,7 +60,7 @@ def _final_losses(run_ranks, np_, *args):
         for path in glob.glob(f"{tmp}/m*.jsonl"):
             rows = [json.loads(line) for line in open(path)]
             summary = next(r for r in rows if r.get("summary"))
-            out[summary["dp"]] = summary["train_loss"]
+            out[summary["dp"]] = summary
         return out
 
 
@@ -68,10 +68,15 @@ def _final_losses(run_ranks, np_, *args):
                                     ["--model", "moe", "--experts", "4", "--ep", "2"]])
 def test_the_cli_on_cuda_reaches_the_cpu_losses(run_ranks, layout):
     """psrt.train --device cuda trains what --device cpu trains (fp32 tolerance), with the
-    parameter server, the ring and zero3 (zero1 on a pipeline or with experts)."""
+    parameter server, the ring and zero3 (zero1 on a pipeline or with experts); the memory
+    ledger shows the CUDA allocator's count beside the model states."""
     dps = "ps,ring,zero3" if not layout else "ps,ring,zero1"
-    cpu = _final_losses(run_ranks, 2, *layout, "--dp", dps, "--device", "cpu")
-    gpu = _final_losses(run_ranks, 2, *layout, "--dp", dps, "--device", "cuda")
+    cpu = _summaries(run_ranks, 2, *layout, "--dp", dps, "--device", "cpu")
+    gpu = _summaries(run_ranks, 2, *layout, "--dp", dps, "--device", "cuda")
     assert cpu.keys() == gpu.keys() and len(cpu) == 3
     for dp in cpu:
-        assert abs(cpu[dp] - gpu[dp]) <= 1e-4 * max(1.0, abs(cpu[dp])), (dp, cpu[dp], gpu[dp])
+        a, b = cpu[dp]["train_loss"], gpu[dp]["train_loss"]
+        assert abs(a - b) <= 1e-4 * max(1.0, abs(a)), (dp, a, b)
+        # the memory ledger's CUDA columns: the allocator's count now and at its peak
+        assert "mem_cuda_allocated" not in cpu[dp], cpu[dp]
+        assert gpu[dp]["mem_cuda_peak"] >= gpu[dp]["mem_cuda_allocated"] > 0, gpu[dp]

@@ -193,6 +193,27 @@ def host_key(hostname: str | None = None) -> str:
     return f"{hostname}#{fake[rank]}"
 
 
+def machine_key() -> str:
+    """What tells the machine whose cores this process runs on: the kernel's boot id, which
+    every network namespace of one machine shares (emulated hosts are namespaces of one
+    machine, sharing its cores), with the host name where the kernel does not say."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return socket.gethostname()
+
+
+def crowding(machines: list, cores: list) -> float:
+    """Ranks per core on the most crowded machine, given each rank's machine key and core
+    count (1.0 when every rank has a core of its own)."""
+    per: dict = {}
+    for m, c in zip(machines, cores):
+        count, n = per.get(m, (0, c))
+        per[m] = (count + 1, n)
+    return max([1.0] + [count / max(n, 1) for count, n in per.values()])
+
+
 def _env_world_size(env=os.environ) -> int | None:
     """World size the launcher announced, if any (used to catch a mismatched MPI)."""
     for key in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS", "HOROVOD_SIZE",

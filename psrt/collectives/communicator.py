@@ -181,7 +181,8 @@ class Communicator(Exchanges):
             name = self._auto.get(key)
             if name is None:
                 name = self._auto[key] = self.tuning.choose(collective, nbytes, self.size, table,
-                                                            self.topology.placement.sizes)
+                                                            self.topology.placement.sizes,
+                                                            self.topology.placement.host_of, self.topology.crowd)
         return name
 
     def _backend_comm(self, algorithm: str):

@@ -105,13 +105,18 @@ class Topology:
     calls run, so every rank makes them in the same order)."""
     comm: object
     placement: Placement
+    crowd: float = 1.0      # ranks per core on the most crowded machine (world.crowding)
     _local: object = None
     _shard_comms: dict = field(default_factory=dict)
 
     @classmethod
     def of(cls, comm, meta=None) -> "Topology":
-        from psrt.world import host_key
-        return cls(comm, Placement.from_keys((meta or comm).allgather(host_key())))
+        import os
+
+        from psrt.world import crowding, host_key, machine_key
+        keys = (meta or comm).allgather((host_key(), machine_key(), os.cpu_count() or 1))
+        return cls(comm, Placement.from_keys([k[0] for k in keys]),
+                   crowd=crowding([k[1] for k in keys], [k[2] for k in keys]))
 
     @property
     def rank(self) -> int:

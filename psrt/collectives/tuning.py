@@ -36,21 +36,28 @@ class Tuning:
             raise PsrtError(f"tuning table {path}: cannot read it ({err})") from err
         return cls(tables=tables, source=str(path))
 
-    def choose(self, collective: str, nbytes: int, world_size: int, allowed, hosts: tuple = ()) -> str:
-        """The table's algorithm for one host; on several hosts, `hosts` giving the ranks on
-        each, 'hierarchical' where the two-level model (cost.predict_two_level) has it beat
-        the table's choice, priced as the flat ring unless it is ps or tree."""
+    def choose(self, collective: str, nbytes: int, world_size: int, allowed, hosts: tuple = (),
+               host_of=None, crowd: float | None = None) -> str:
+        """The table's algorithm for one host.  On several hosts of several ranks (`hosts`:
+        the ranks on each; `host_of`: each rank's host, contiguous blocks if not given), the
+        fastest by the two-level model (cost.predict_two_level) of: the table's choice (priced
+        as the flat ring unless the model covers it), 'hierarchical', and for an all-reduce
+        'ps' and 'tree'; a tie keeps the table's.  `crowd`: ranks per core on the most crowded
+        machine (default: the busiest host's ranks over this machine's cores); where ranks
+        outnumber cores every sequential round waits for a rank to be scheduled, which favours
+        the schedules of fewer rounds."""
         flat = self._flat(collective, nbytes, world_size, allowed)
         if len(hosts) < 2 or max(hosts) < 2 or "hierarchical" not in allowed:
             return flat
         from psrt.collectives import cost
-        host_of = [h for h, n in enumerate(hosts) for _ in range(n)]
-        links = cost.Links(cost.DEFAULT_LINKS.intra, cost.DEFAULT_LINKS.inter,
-                           crowd=max(1.0, max(hosts) / (os.cpu_count() or 1)))
-        model = flat if flat in cost.TWO_LEVEL else "ring"
-        faster = (cost.predict_two_level("hierarchical", host_of, nbytes, links)
-                  < cost.predict_two_level(model, host_of, nbytes, links))
-        return "hierarchical" if faster else flat
+        host_of = list(host_of) if host_of else [h for h, n in enumerate(hosts) for _ in range(n)]
+        if crowd is None:
+            crowd = max(1.0, max(hosts) / (os.cpu_count() or 1))
+        links = cost.Links(cost.DEFAULT_LINKS.intra, cost.DEFAULT_LINKS.inter, crowd=crowd)
+        rivals = ("hierarchical",) + (("ps", "tree") if collective == "allreduce" else ())
+        candidates = [flat] + [a for a in rivals if a in allowed and a != flat]
+        return min(candidates, key=lambda a: cost.predict_two_level(a if a in cost.TWO_LEVEL else "ring",
+                                                                     host_of, nbytes, links))
 
     def _flat(self, collective: str, nbytes: int, world_size: int, allowed) -> str:
         per_n = self.tables.get(collective)

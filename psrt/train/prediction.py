@@ -44,8 +44,9 @@ def not_covered(pp: int, tp: int, model: str) -> str | None:
 def measure(world, ctl) -> dict | None:
     """Fit alpha and beta between rank 0 and a rank on another host (collective over ctl);
     the link description on rank 0, None elsewhere and on one rank."""
-    from psrt.world import host_key
+    from psrt.world import crowding, host_key, machine_key
     hosts = ctl.allgather(host_key(world.hostname))
+    machines = ctl.allgather((machine_key(), os.cpu_count() or 1))
     if ctl.size < 2:
         return None
     peer = next((r for r, h in enumerate(hosts) if h != hosts[0]), 1)
@@ -67,6 +68,7 @@ def measure(world, ctl) -> dict | None:
             "between": f"rank 0 ({hosts[0]}) <-> rank {peer} ({hosts[peer]})",
             "hosts": len(names), "ranks": ctl.size, "cores": os.cpu_count() or 1,
             "per_host": max(hosts.count(h) for h in names),
+            "crowd": crowding([m for m, _ in machines], [c for _, c in machines]),
             "host_of": list(range(ctl.size)) if one_host else [names.index(h) for h in hosts],
             "placement": [names.index(h) for h in hosts],
             "intra": None if intra is None else (intra.alpha_s, intra.beta_s_per_byte)}
@@ -140,7 +142,7 @@ def two_level_line(link: dict, nbytes: float) -> str:
     each algorithm it covers (psrt.collectives.cost.predict_two_level), fastest first."""
     intra = cost.Fit(*link["intra"], 1.0)
     inter = cost.Fit(link["alpha_s"], link["beta_s_per_byte"], 1.0)
-    crowd = max(1.0, link["per_host"] / link["cores"])
+    crowd = link.get("crowd") or max(1.0, link["per_host"] / link["cores"])
     links = cost.Links(intra, inter, crowd)
     times = sorted((cost.predict_two_level(a, link["placement"], nbytes, links), a) for a in cost.TWO_LEVEL)
     listing = ", ".join(f"{a} {duration(t)}" for t, a in times)

@@ -2,9 +2,13 @@
 three hosts, interleaved, and a 2 x 2 sub-communicator, every op and dtype against the MPI
 library's result (tests/mpi/ranks/hierarchical.py); 'auto' picks it on several hosts."""
 import json
+import os
 
 import pytest
 import torch
+
+from psrt.collectives import ALGORITHMS
+from psrt.collectives.tuning import Tuning
 
 pytestmark = pytest.mark.mpi
 
@@ -13,12 +17,17 @@ def test_hierarchical_ragged_equals_native(run_ranks):
     run = run_ranks(6, "hierarchical.py", timeout=300, env={"PSRT_HOSTS": "0,1,0,2,0,1"}).check()
     records = {r["rank"]: r for r in run.records()}
     assert sorted(records) == list(range(6))
+    tiny = Tuning.load().choose("allreduce", 8, 6, ALGORITHMS["allreduce"], (3, 2, 1), host_of=[0, 1, 0, 2, 0, 1],
+                                crowd=max(1.0, 6 / (os.cpu_count() or 1)))
     for rank, rec in records.items():
         assert rec["failures"] == [], f"rank {rank}: {rec['failures']}"
         assert rec["placement"] == [0, 1, 0, 2, 0, 1]
         # world.local_comm follows the faked hosts too
         assert rec["local_size"] == [3, 2, 3, 1, 3, 2][rank]
-        assert set(rec["auto"].values()) == {"hierarchical"}, rec["auto"]
+        # auto: hierarchical where bytes count; for 8 bytes the two-level model's pick for
+        # 6 ranks crowding this machine's cores (ps where they outnumber them enough)
+        assert rec["auto"]["1048576"] == rec["auto"]["16777216"] == "hierarchical", rec["auto"]
+        assert rec["auto"]["8"] == tiny, rec["auto"]
         if rank in (0, 1, 2, 5):
             assert rec["sub_placement"] == [0, 1, 0, 1]
             assert rec["ran"]["reductions"] == 2 * 283

@@ -51,3 +51,26 @@ def test_auto_on_one_host_is_the_table_and_on_several_hosts_hierarchical():
                 assert tuning.choose(coll, m, n, allowed) == tuning._flat(coll, m, n, allowed)
     assert tuning.choose("allreduce", M, 8, ALGORITHMS["allreduce"], (4, 4)) == "hierarchical"
     assert tuning.choose("allreduce", M, 8, ALGORITHMS["allreduce"], (1,) * 8) != "hierarchical"
+
+
+def test_ranks_on_one_machine_share_its_cores_whatever_host_they_claim():
+    from psrt.world import crowding, machine_key
+    assert crowding(["m"] * 8, [2] * 8) == 4.0            # two emulated hosts of 4 on one 2-core machine
+    assert crowding(["a"] * 4 + ["b"] * 4, [8] * 8) == 1.0
+    assert crowding(["a", "a", "b"], [1, 1, 4]) == 2.0
+    assert machine_key() == machine_key() != ""
+
+
+def test_auto_on_crowded_hosts_prefers_the_schedules_of_fewer_rounds():
+    tuning = Tuning.load()
+    allowed = ALGORITHMS["allreduce"]
+    small = 38_400          # the default MLP's gradients
+    # 4 hosts of 2 on one 2-core machine: every round waits for a rank to be scheduled
+    assert tuning.choose("allreduce", small, 8, allowed, (2, 2, 2, 2), crowd=4.0) == "ps"
+    assert tuning.choose("allreduce", small, 8, allowed, (2, 2, 2, 2), crowd=1.0) != "ps"
+    # bandwidth-bound, the bytes decide, crowded or not
+    assert all(tuning.choose("allreduce", 16 << 20, 8, allowed, (2, 2, 2, 2), crowd=c) == "hierarchical"
+               for c in (1.0, 4.0))
+    # only the all-reduce has a model of ps and tree
+    assert tuning.choose("allgather", small, 8, ALGORITHMS["allgather"], (2, 2, 2, 2), crowd=4.0) in (
+        "hierarchical", tuning._flat("allgather", small, 8, ALGORITHMS["allgather"]))

@@ -47,7 +47,7 @@ timeout 150 mpirun -np 2 --bind-to none "$PY" -m psrt.bench collectives --device
 # 4. torch DDP on psrt's backend vs on gloo, a 25M-parameter MLP (100 MiB of gradients) on the GPU
 timeout 150 mpirun -np 2 --bind-to none "$PY" -m psrt.bench c10d --device cuda --grad-mb 100 \
     --rounds 2 --steps 2 --quiet --json "$OUTDIR/c10d.json" >>"$LOG" 2>&1 || echo "c10d bench failed" >>"$OUTDIR/bench.txt"
-"$PY" - "$OUTDIR/c10d.json" >>"$OUTDIR/bench.txt" 2>&1 <<'PYEOF'
+[ -f "$OUTDIR/c10d.json" ] && "$PY" - "$OUTDIR/c10d.json" >>"$OUTDIR/bench.txt" 2>&1 <<'PYEOF'
 import json, sys
 d = json.load(open(sys.argv[1]))
 for r in d["rows"]:

@@ -270,7 +270,8 @@ class ParameterServer(DataParallel):
         send = [self.pcomm.Isend(self._out.msg(), w, TAG_PULL) for w in answered if w != self.rank]
         nbytes = len(send) * self._out.nbytes
         totals = self.server_totals
-        totals["left_out"] += len(answered) - len([w for w in contributors if w != self.rank])
+        totals["left_out"] += len([w for w in answered if w != self.rank]) - len([w for w in contributors
+                                                                                if w != self.rank])
         totals["rounds"] += 1
         totals["bytes_sent"] += nbytes
         totals["update_s"] += update_s

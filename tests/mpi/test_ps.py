@@ -147,3 +147,17 @@ def test_backup_workers_leave_the_straggler_out(records):
     assert {r["digest"] for r in recs} == {recs[0]["digest"]}
     assert all(r["maxdiff"] <= 1e-5 for r in recs), [r["maxdiff"] for r in recs]
     assert [r["left_out"] for r in recs if r["left_out"] is not None] == [4]
+
+
+def test_bench_backup_counts_only_the_gradients_left_out(run_ranks, tmp_path):
+    """`psrt.bench backup`: with no backups nothing is left out (the server's own gradient is
+    not counted), with one each step leaves out at most one of the two other workers', and
+    every row trains to a finite loss."""
+    import json
+    out = tmp_path / "backup.json"
+    run_ranks(3, "-m", "psrt.bench", "backup", "--backups", "0,1", "--steps", "8", "--late-ms", "30",
+              "--batch-size", "48", "--quiet", "--json", str(out), timeout=180).check()
+    rows = {r["backups"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows[0]["left_out"] == 0 and rows[0]["gradients"] == 16, rows[0]
+    assert 0 < rows[1]["left_out"] <= 8, rows[1]
+    assert all(r["train_loss"] < 10 and 0 <= r["test_acc"] <= 1 for r in rows.values()), rows

@@ -120,6 +120,10 @@ VARIABLES = {v.name: v for v in (
     Variable("PSRT_FAILED_AT", float, "seconds since the epoch", None,
              "set by `mpi_launch --restarts` on a restart: when the failure was seen, for the "
              "time a recovery took"),
+    Variable("PSRT_IN_JOB_RECOVERY", _flag, "0 or 1", False,
+             "set by `mpi_launch --in-job-recovery` for its ranks: `psrt.train` survives a lost rank "
+             "inside the job (MPI's ULFM: the survivors shrink their communicators and go on from "
+             "the last step they all finished; see docs/reliability.md)"),
 )}
 
 
@@ -199,6 +203,11 @@ def mpi_log() -> str | None:
 def restarts() -> tuple[int, int, float | None]:
     """(restarts allowed, this restart's number, when the failure was seen) from mpi_launch."""
     return get("PSRT_RESTARTS"), get("PSRT_RESTART_COUNT"), get("PSRT_FAILED_AT")
+
+
+def in_job_recovery() -> bool:
+    """Whether mpi_launch --in-job-recovery started this job (psrt.train.in_job)."""
+    return get("PSRT_IN_JOB_RECOVERY")
 
 
 def markdown_table() -> str:

@@ -12,6 +12,7 @@ import threading
 import time
 
 from psrt.errors import PsrtError
+from psrt.launch.plan import in_job_flags
 
 
 def mpi_flavour(mpirun: str = "mpirun") -> str:
@@ -30,6 +31,20 @@ def mpi_flavour(mpirun: str = "mpirun") -> str:
     if "HYDRA" in text or "MPICH" in text:
         return "mpich"
     return "unknown"
+
+
+def check_ulfm(mpirun: str, flavour: str) -> None:
+    """A PsrtError unless this mpirun's Open MPI was built with ULFM (`ompi_info`: "FT MPI
+    support: yes"); the refusal for other MPIs comes from plan.in_job_flags."""
+    in_job_flags(flavour, ())
+    info = os.path.join(os.path.dirname(shutil.which(mpirun) or mpirun), "ompi_info")
+    try:
+        out = subprocess.run([info], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    if not re.search(r"FT MPI support:\s*yes", out):
+        raise PsrtError(f"--in-job-recovery: {info} does not report 'FT MPI support: yes' (Open MPI built "
+                        "without ULFM): use --restarts N to continue on the survivors from the last checkpoint")
 
 
 def find_mpirun(explicit: str | None = None) -> str:

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import torch
 
 import psrt
-from psrt import env
+from psrt import env, faults
 from psrt.dp import STRATEGIES, memory, precision, strategy_class
 from psrt.dp.base import option_names
 from psrt.dp.common import optimizer_factory
@@ -223,6 +223,7 @@ def train_one(cfg: TrainConfig, dp: str, job: Job, dataset, tracer: Tracer = OFF
             in_job.commit(step, run.state)
         while step < total:
             mbs = [(x_all[i], y_all[i]) for i in sampler.microbatches(step)]
+            faults.kill_if_asked(step + 1)
             try:
                 with tracer.span("step", "step", step=step + 1) if group is None else contextlib.nullcontext():
                     stats = run.step(mbs)

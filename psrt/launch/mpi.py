@@ -68,12 +68,14 @@ def find_mpirun(explicit: str | None = None) -> str:
 # Open MPI's notices that repeat what psrt's ranks have already said in one line: that ranks
 # exited with a non-zero code, that a rank called MPI_Abort (psrt's one way to end a job:
 # psrt.errors.abort), and the daemons' error lines that follow an abort.  Notices of a rank
-# killed by a signal are kept.
+# killed by a signal are kept.  Under ULFM (--in-job-recovery) Open MPI's non-blocking
+# collectives say each schedule a lost rank cut short ("NBC_Progress: an error 75 ..."): psrt's
+# recovery line names the lost ranks instead.
 EXIT_BANNERS = ("Primary job  terminated normally, but", "Primary job terminated normally, but",
                 "mpirun detected that one or more processes exited with non-zero status",
                 "MPI_ABORT was invoked on rank")
 NOISE = ("ORTE_ERROR_LOG", "more processes have sent help message", "more process has sent help message",
-         "to 0 to see all help / error messages")
+         "to 0 to see all help / error messages", "NBC_Progress: an error")
 _RULE = "-" * 74   # Open MPI frames each notice between two such lines
 
 

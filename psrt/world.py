@@ -282,6 +282,9 @@ def ulfm_refusal(environ=os.environ) -> str | None:
     library = MPI.Get_library_version().splitlines()[0].split(",")[0].strip()
     if not hasattr(MPI.Comm, "Shrink") or not re.match(r"Open MPI v([5-9]|\d\d)", library):
         return f"the MPI here ({library}) cannot shrink a communicator after a rank is lost (no ULFM)"
+    import mpi4py
+    if mpi4py.rc.errors == "fatal":      # MPI_ERRORS_ARE_FATAL: a dead peer ends the process
+        return "mpi4py.rc.errors is 'fatal', so a lost rank cannot be returned as an error"
     if environ.get("OMPI_MCA_mpi_ft_enable", "").lower() not in ("1", "true", "yes"):
         return ("the job was started without ULFM: start it with mpi_launch --in-job-recovery "
                 "(mpirun --with-ft ulfm --mca btl tcp,self)")

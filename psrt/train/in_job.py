@@ -46,6 +46,10 @@ def refusal(dp: str, grid: bool, precision: str, why_not_ulfm: str | None) -> st
     where = f"--dp {dp} under mpi_launch --in-job-recovery"
     if why_not_ulfm:
         return f"{where}: {why_not_ulfm}; use mpi_launch --restarts N instead"
+    if dp == "torch":
+        return (f"{where}: only {', '.join(FULL_REPLICA)} recover inside the job; torch reduces through "
+                "torch.distributed's gloo, whose process group cannot shrink: use --dp ring or native, "
+                "or mpi_launch --restarts N")
     if dp not in FULL_REPLICA:
         return (f"{where}: only {', '.join(FULL_REPLICA)} recover inside the job (every rank holds all "
                 "parameters and optimizer state, so the survivors lose nothing); the shards of a lost "

@@ -14,7 +14,7 @@ def test_full_replica_strategies_recover_inside_the_job(dp):
 
 @pytest.mark.parametrize("dp,grid,precision,says", [
     ("zero1", False, "fp32", "--restarts"), ("zero3", False, "fp32", "gone with it"),
-    ("ps-sharded", False, "fp32", "--restarts"), ("torch", False, "fp32", "only ring, native"),
+    ("ps-sharded", False, "fp32", "--restarts"), ("torch", False, "fp32", "gloo"),
     ("ring", True, "fp32", "grid"), ("ring", False, "fp16", "loss scale")])
 def test_other_runs_are_refused_in_one_line(dp, grid, precision, says):
     why = refusal(dp, grid=grid, precision=precision, why_not_ulfm=None)

@@ -59,6 +59,13 @@ def _host_ids(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
+def _ranks_step(text: str) -> tuple[tuple[int, ...], int]:
+    ranks, colon, step = text.partition(":")
+    if not colon or not step.strip().isdigit() or int(step) < 1:
+        raise ValueError
+    return _host_ids(ranks), int(step)
+
+
 def _flag(text: str) -> bool:
     return _one_of("0", "1")(text) == "1"
 
@@ -120,6 +127,13 @@ VARIABLES = {v.name: v for v in (
     Variable("PSRT_FAILED_AT", float, "seconds since the epoch", None,
              "set by `mpi_launch --restarts` on a restart: when the failure was seen, for the "
              "time a recovery took"),
+    Variable("PSRT_IN_JOB_RECOVERY", _flag, "0 or 1", False,
+             "set by `mpi_launch --in-job-recovery` for its ranks: `psrt.train` survives a lost rank "
+             "inside the job (MPI's ULFM: the survivors shrink their communicators and go on from "
+             "the last step they all finished; see docs/reliability.md)"),
+    Variable("PSRT_KILL_AT", _ranks_step, "RANK[,RANK...]:STEP, e.g. 2:31", None,
+             "fault injection: each rank the launcher numbered RANK ends itself with SIGKILL before "
+             "`psrt.train`'s step STEP (1-based), as a crash would (tests, `psrt.bench recovery`)"),
 )}
 
 
@@ -199,6 +213,16 @@ def mpi_log() -> str | None:
 def restarts() -> tuple[int, int, float | None]:
     """(restarts allowed, this restart's number, when the failure was seen) from mpi_launch."""
     return get("PSRT_RESTARTS"), get("PSRT_RESTART_COUNT"), get("PSRT_FAILED_AT")
+
+
+def in_job_recovery() -> bool:
+    """Whether mpi_launch --in-job-recovery started this job (psrt.train.in_job)."""
+    return get("PSRT_IN_JOB_RECOVERY")
+
+
+def kill_at() -> tuple[tuple[int, ...], int] | None:
+    """(launcher ranks, step) of PSRT_KILL_AT (psrt.faults.kill_if_asked), or None."""
+    return get("PSRT_KILL_AT")
 
 
 def markdown_table() -> str:

@@ -14,6 +14,7 @@ prints the full traceback (for debugging) before aborting.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 import traceback
@@ -108,3 +109,15 @@ def install(prog: str = "psrt") -> None:
 def uninstall() -> None:
     """Back to Python's own hook."""
     sys.excepthook = sys.__excepthook__
+
+
+def kill_if_asked(step: int) -> None:
+    """SIGKILL this process before training step `step` when PSRT_KILL_AT names its launcher
+    rank (among others) and that step: a crash at a known moment, for tests of recovery and its benchmark.
+    The line it prints first gives the moment (seconds since the epoch)."""
+    asked = env.kill_at()
+    if asked is None or asked[1] != step or launcher_rank() not in asked[0]:
+        return
+    print(f"psrt: PSRT_KILL_AT: rank {launcher_rank()} killed before step {step} at {time.time():.3f}",
+          file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -28,6 +28,7 @@ import time
 
 from psrt import env
 from psrt.errors import PsrtError, abort, launcher_rank, write_line
+from psrt.world import lost_peer, revoke
 
 TAG = 7717
 LEFT_GRACE_S = 1.0      # how long a call may still wait after a peer left before it is stuck
@@ -151,7 +152,27 @@ class Watchdog:
             self._heard[status.Get_source()] = (time.monotonic(), msg)
         self._sends = [r for r in self._sends if not r.Test()]
 
+    def abandon(self) -> None:
+        """After a lost rank (ULFM, psrt.train.in_job): stop this watchdog without the farewell
+        that `stop()` waits for, which a dead rank would never answer; its communicator is
+        revoked and left.  The survivors then start a new one on their shrunk world."""
+        atexit.unregister(self._at_exit)
+        self._stop.set()
+        self._left = True
+        revoke(self._comm)
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
     def _loop(self) -> None:
+        try:
+            self._beat()
+        except Exception as err:
+            # A dead peer under ULFM: the training thread sees it too, and recovers or ends the job.
+            if lost_peer(err) is None:
+                raise
+
+    def _beat(self) -> None:
         me, n = self._comm.Get_rank(), self._comm.Get_size()
         started = time.monotonic()
         while not self._stop.wait(self.interval):

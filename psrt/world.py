@@ -291,6 +291,54 @@ def init(comm=None, export_env: bool = True) -> World:
     return world
 
 
+def ulfm_refusal(environ=os.environ) -> str | None:
+    """None when this process can recover from a lost rank inside the job, else why not.
+
+    That takes ULFM (the MPI Forum's User-Level Failure Mitigation, MPI_Comm_revoke /
+    MPI_Comm_shrink, a dead peer returned as MPI_ERR_PROC_FAILED instead of the job's end),
+    which Open MPI 5 has when built with it (`ompi_info`: "FT MPI support: yes") and turns on
+    for a job started with `mpirun --with-ft ulfm`; that option reaches the ranks as
+    OMPI_MCA_mpi_ft_enable.  Open MPI 4.1 and this machine's MPICH have no working ULFM."""
+    from mpi4py import MPI
+    library = MPI.Get_library_version().splitlines()[0].split(",")[0].strip()
+    if not hasattr(MPI.Comm, "Shrink") or not re.match(r"Open MPI v([5-9]|\d\d)", library):
+        return f"the MPI here ({library}) cannot shrink a communicator after a rank is lost (no ULFM)"
+    import mpi4py
+    if mpi4py.rc.errors == "fatal":      # MPI_ERRORS_ARE_FATAL: a dead peer ends the process
+        return "mpi4py.rc.errors is 'fatal', so a lost rank cannot be returned as an error"
+    if environ.get("OMPI_MCA_mpi_ft_enable", "").lower() not in ("1", "true", "yes"):
+        return ("the job was started without ULFM: start it with mpi_launch --in-job-recovery "
+                "(mpirun --with-ft ulfm --mca btl tcp,self)")
+    return None
+
+
+# ULFM's error classes: a peer of the call died, or a survivor revoked the communicator.
+FAILURE_CLASSES = ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
+
+
+def lost_peer(err: BaseException | None) -> str | None:
+    """The ULFM error class named in `err` or an exception it was raised from (a process of
+    the call died, or a survivor revoked the communicator), else None."""
+    from mpi4py import MPI
+    classes = {getattr(MPI, name): name for name in FAILURE_CLASSES if hasattr(MPI, name)}
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, MPI.Exception) and err.Get_error_class() in classes:
+            return "MPI_" + classes[err.Get_error_class()]
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def revoke(comm) -> None:
+    """MPI_Comm_revoke (ULFM) `comm`, so that every rank's call on it returns; one already
+    revoked or freed is left as it is."""
+    try:
+        comm.Revoke()
+    except Exception:  # noqa: BLE001 - revoked before, freed, or a null communicator
+        pass
+
+
 def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -34,6 +34,7 @@ from psrt.collectives.staged import Stager
 from psrt.collectives.tuning import Tuning
 from psrt.errors import PsrtError
 from psrt.trace import OFF, Tracer
+from psrt.world import revoke
 from psrt.transport import Staging, check_dtype, check_op
 
 class Communicator(Exchanges):
@@ -113,6 +114,15 @@ class Communicator(Exchanges):
         if self._meta is not None:
             self._meta.Free()
             self._meta = None
+
+    def revoke(self) -> None:
+        """After a lost rank (ULFM, psrt.train.in_job): revoke every MPI communicator this one
+        uses, so that a rank still waiting in one of them for a live peer returns with
+        MPI_ERR_REVOKED instead of waiting for ever (MPI_Comm_revoke reaches every rank of a
+        communicator; a Dup is a communicator of its own and is revoked on its own)."""
+        for c in [self.comm, self._meta, *self.topology.comms()]:
+            if c is not None:
+                revoke(c)
 
     def _verify(self, name: str, shown: tuple = (), **signature):
         """What every rank agrees on before this call moves data (collectives/agreement.py):

@@ -145,6 +145,10 @@ class Topology:
         self._build()
         return self._shard_comms[s]
 
+    def comms(self) -> list:
+        """The communicators made so far (none before the first hierarchical call)."""
+        return [c for c in [self._local, *self._shard_comms.values()] if c is not None]
+
     def free(self) -> None:
         for c in [self._local, *self._shard_comms.values()]:
             if c is not None:

@@ -15,7 +15,7 @@ import sys
 from psrt.errors import ArgumentParser, PsrtError, cli_main
 from psrt.launch import cluster_cli
 from psrt.launch.hostfile import parse_hostfile, parse_hosts
-from psrt.launch.mpi import find_mpirun, mpi_flavour, resolve_program, run_job
+from psrt.launch.mpi import check_ulfm, find_mpirun, mpi_flavour, resolve_program, run_job
 from psrt.launch.plan import FLAVOURS, ROOT, Request, plan_mpirun, plan_srun
 from psrt.launch.restart import Policy, answers, run_restarting, ssh_for
 
@@ -60,6 +60,9 @@ def _parser() -> ArgumentParser:
                         "still answer (psrt.train continues from its last checkpoint)")
     p.add_argument("--min-np", type=int, default=1, metavar="M",
                    help="with --restarts: stop instead when fewer than M ranks are left")
+    p.add_argument("--in-job-recovery", action="store_true",
+                   help="after a lost rank the survivors carry on inside the job (MPI's ULFM: "
+                        "Open MPI 5); psrt.train continues from the last step they all finished")
     p.add_argument("--dry-run", action="store_true",
                    help="print the exact command and run nothing")
     p.add_argument("command", nargs=argparse.REMAINDER, help="program and its arguments")
@@ -85,7 +88,7 @@ def _request(args, cores: int) -> Request:
     return Request(command=tuple(command), hosts=hosts, hostfile=hostfile, np=args.np,
                    bind=args.bind, oversubscribe=args.oversubscribe, threads=args.threads,
                    exports=tuple(args.export), extra=tuple(shlex.split(args.extra_args)),
-                   emulated=args.emulate)
+                   emulated=args.emulate, in_job=args.in_job_recovery)
 
 
 def _say(notes) -> None:
@@ -108,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         if explicit_hosts or args.emulate:
             raise PsrtError("srun places ranks on the Slurm allocation's nodes: drop "
                             "--hostfile/--hosts/--emulate, or use --launcher mpirun")
+        if args.in_job_recovery:
+            raise PsrtError("--in-job-recovery: needs Open MPI 5's mpirun (--with-ft ulfm), not srun: "
+                            "use --launcher mpirun, or --restarts N")
         if shutil.which("srun") is None and not args.dry_run:
             raise PsrtError("--launcher srun: no srun on PATH (not on a Slurm cluster?)")
         plan = plan_srun(req, "srun", env)      # by name, as the user would type it
@@ -124,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         flavour = args.flavour or mpi_flavour(mpirun)
         if os.path.isabs(mpirun):   # Open MPI will change the ranks' PATH: pin the program
             req = dataclasses.replace(req, command=resolve_program(req.command))
+        if args.in_job_recovery:
+            check_ulfm(mpirun, flavour)
     if args.emulate:
         return cluster_cli.launch(req, flavour, mpirun, env, cores, args, dry_run=args.dry_run,
                               restarting=lambda r, start, probe: restarting(r, start, cores, args, env, probe))

@@ -12,6 +12,7 @@ import threading
 import time
 
 from psrt.errors import PsrtError
+from psrt.launch.plan import in_job_flags
 
 
 def mpi_flavour(mpirun: str = "mpirun") -> str:
@@ -30,6 +31,20 @@ def mpi_flavour(mpirun: str = "mpirun") -> str:
     if "HYDRA" in text or "MPICH" in text:
         return "mpich"
     return "unknown"
+
+
+def check_ulfm(mpirun: str, flavour: str) -> None:
+    """A PsrtError unless this mpirun's Open MPI was built with ULFM (`ompi_info`: "FT MPI
+    support: yes"); the refusal for other MPIs comes from plan.in_job_flags."""
+    in_job_flags(flavour, ())
+    info = os.path.join(os.path.dirname(shutil.which(mpirun) or mpirun), "ompi_info")
+    try:
+        out = subprocess.run([info], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    if not re.search(r"FT MPI support:\s*yes", out):
+        raise PsrtError(f"--in-job-recovery: {info} does not report 'FT MPI support: yes' (Open MPI built "
+                        "without ULFM): use --restarts N to continue on the survivors from the last checkpoint")
 
 
 def find_mpirun(explicit: str | None = None) -> str:
@@ -53,12 +68,14 @@ def find_mpirun(explicit: str | None = None) -> str:
 # Open MPI's notices that repeat what psrt's ranks have already said in one line: that ranks
 # exited with a non-zero code, that a rank called MPI_Abort (psrt's one way to end a job:
 # psrt.errors.abort), and the daemons' error lines that follow an abort.  Notices of a rank
-# killed by a signal are kept.
+# killed by a signal are kept.  Under ULFM (--in-job-recovery) Open MPI's non-blocking
+# collectives say each schedule a lost rank cut short ("NBC_Progress: an error 75 ..."): psrt's
+# recovery line names the lost ranks instead.
 EXIT_BANNERS = ("Primary job  terminated normally, but", "Primary job terminated normally, but",
                 "mpirun detected that one or more processes exited with non-zero status",
                 "MPI_ABORT was invoked on rank")
 NOISE = ("ORTE_ERROR_LOG", "more processes have sent help message", "more process has sent help message",
-         "to 0 to see all help / error messages")
+         "to 0 to see all help / error messages", "NBC_Progress: an error")
 _RULE = "-" * 74   # Open MPI frames each notice between two such lines
 
 

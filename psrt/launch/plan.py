@@ -37,6 +37,7 @@ class Request:
     exports: tuple[str, ...] = ()    # NAME or NAME=VALUE
     extra: tuple[str, ...] = ()      # passed to the launcher before the command
     emulated: bool = False           # the hosts are namespaces of this machine (psrt.cluster)
+    in_job: bool = False             # --in-job-recovery: ULFM on (Open MPI 5), see in_job_flags
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,22 @@ def _check_hosts_resolve(req: Request, dry_run: bool) -> list[str]:
     return notes
 
 
+def in_job_flags(flavour: str, taken: tuple[str, ...]) -> list[str]:
+    """mpirun's flags for --in-job-recovery: ULFM on, and the TCP path between all ranks,
+    because Open MPI 5's shared-memory BTL does not report a dead peer (checked here: an
+    MPI_Allreduce over it waits forever after a rank dies, over TCP it fails in 0.5 s with
+    MPI_ERR_PROC_FAILED).  A PsrtError where the MPI has no ULFM."""
+    if flavour != "openmpi5":
+        name = {"openmpi4": "Open MPI 4", "mpich": "MPICH"}.get(flavour, f"this MPI ({flavour})")
+        raise PsrtError(f"--in-job-recovery: {name} cannot shrink a communicator after a rank is lost "
+                        "(no ULFM; Open MPI 5 has it): use --restarts N to continue on the survivors "
+                        "from the last checkpoint")
+    flags = ["--with-ft", "ulfm"]
+    if not any(a.startswith("btl") for a in taken):
+        flags += ["--mca", "btl", "tcp,self"]
+    return flags
+
+
 _OMPI_BIND = {"none": "none", "core": "core", "socket": "socket", "numa": "numa"}
 _SRUN_BIND = {"none": "none", "core": "cores", "socket": "sockets", "numa": "ldoms"}
 
@@ -169,6 +186,10 @@ def plan_mpirun(req: Request, flavour: str, mpirun: str, env, cores: int,
     notes = list(placement.notes) + _check_hosts_resolve(req, dry_run)
     values, names, env_notes = _exports(req, env, placement.threads)
     notes += env_notes
+    ulfm = in_job_flags(flavour, tuple(emulation) + req.extra) if req.in_job else []
+    if req.in_job:
+        values["PSRT_IN_JOB_RECOVERY"] = "1"
+        names = [n for n in names if n != "PSRT_IN_JOB_RECOVERY"]
     np_ = sum(n for _, n in placement.ranks)
     local_only = all(is_local(h.name) for h in req.hosts) and not req.emulated
     # Physical oversubscription (more ranks than cores here) makes busy-polling ranks
@@ -208,7 +229,7 @@ def plan_mpirun(req: Request, flavour: str, mpirun: str, env, cores: int,
             argv += ["--map-by", ":OVERSUBSCRIBE"] if flavour == "openmpi5" else ["--oversubscribe"]
         if bind:
             argv += ["--bind-to", bind]
-        argv += list(emulation)
+        argv += list(emulation) + ulfm
         yield_ = psrt_env.yield_when_idle(crowded, env, req.extra)
         if yield_ is not None and "mpi_yield_when_idle" not in req.extra:
             argv += ["--mca", "mpi_yield_when_idle", yield_]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 
 import psrt
-from psrt import faults
+from psrt import env, faults
 from psrt.errors import cli_main, launcher_rank
 from psrt.train import prediction, report
 from psrt.train.config import check_paths, parse_args, plan_batch
@@ -63,6 +63,9 @@ def main(argv=None) -> int:
         if not cfg.quiet:
             print(report.LEGEND)
         sys.stdout.flush()
+    if env.in_job_recovery():
+        from psrt.train.in_job import leave
+        leave(0)
     return 0
 
 

@@ -13,10 +13,13 @@ import contextlib
 import os
 import sys
 import time
+from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
 import psrt
+from psrt import env, faults
 from psrt.dp import STRATEGIES, memory, precision, strategy_class
 from psrt.dp.base import option_names
 from psrt.dp.common import optimizer_factory
@@ -24,14 +27,18 @@ from psrt.dp.driver import AXIS_BYTES, Totals
 from psrt.errors import PsrtError, make_options
 from psrt.grid import Grid
 from psrt.train import checkpoint, imported, layout, prediction, report
+from psrt.train.in_job import InJob
+from psrt.train.in_job import refusal as in_job_refusal
 from psrt.train.recovery import Recovery
 from psrt.train.config import STRATEGY_FLAGS, TrainConfig, flag
 from psrt.train.data import ShardedSampler
 from psrt.dp.device import pick as pick_device
 from psrt.dp.device import to as to_device
 from psrt.train.models import build_model, loss_and_correct
+from psrt.train.routing import RoutingTotals, moe_options, moe_summary
 from psrt.trace import OFF, Tracer
 from psrt.watchdog import Watchdog
+from psrt.world import lost_peer, ulfm_refusal
 
 
 def make_optimizer(cfg: TrainConfig):
@@ -82,6 +89,9 @@ def check_strategies(cfg: TrainConfig) -> None:
         make_options(cls.Options, strategy_options(cfg, dp), f"--dp {dp}")   # values checked now
         why = layout.refusal(dp, cfg.pp, cfg.tp, cfg.model == "moe", ep=cfg.ep, sequence_parallel=cfg.sequence_parallel,
                              precision=cfg.precision, servers=cfg.servers)
+        if env.in_job_recovery() and not why:
+            why = in_job_refusal(dp, bool(layout.axes(cfg.pp, cfg.tp, cfg.model == "moe")), cfg.precision,
+                                 ulfm_refusal())
         if why:
             raise PsrtError(why, everywhere=True)
         accepted |= set(option_names(cls))
@@ -136,18 +146,57 @@ def build_layout(cfg: TrainConfig, dp: str, world, dataset, tracer: Tracer, make
     return on_grid, None, None
 
 
-def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | None = None,
-              tracer: Tracer = OFF) -> dict | None:
+@dataclass
+class Job:
+    """What every strategy of a run shares: the World, the loop's own communicator (a Dup, so
+    its messages never match a strategy's) and the watchdog.  In-job recovery replaces all
+    three with the survivors' (psrt.train.in_job)."""
+    world: object
+    ctl: object
+    dog: Watchdog | None = None
+
+
+def build_run(cfg: TrainConfig, dp: str, job: Job, dataset, tracer: Tracer) -> SimpleNamespace:
+    """Strategy `dp` in this run's layout on job.world: the layout (`run`), its Communicator
+    (`group`, None on a grid), `criterion`, fp16's `scaler`, the `sampler`, the `lead` worker."""
+    compute_dtype, scaler, make_opt = mixed_precision(cfg, job.world)
+    run, group, criterion = build_layout(cfg, dp, job.world, dataset, tracer, make_opt, compute_dtype, scaler)
+    if job.dog is not None and group is not None:
+        job.dog.watch(group)
+    roles = job.ctl.allgather(run.worker_rank if run.is_worker else -1)
+    sampler = ShardedSampler(len(dataset), cfg.batch_size, run.num_workers, run.worker_rank, cfg.accum, cfg.seed)
+    return SimpleNamespace(run=run, group=group, criterion=criterion, scaler=scaler, sampler=sampler,
+                           lead=roles.index(0))
+
+
+def recover(cfg: TrainConfig, dp: str, job: Job, dataset, tracer: Tracer, b: SimpleNamespace,
+            in_job: InJob, error: str) -> tuple[SimpleNamespace, int]:
+    """After a lost rank: the survivors' run, rebuilt on their shrunk world with the state of
+    the step they agreed on, and that step (psrt.train.in_job)."""
+    world = job.world
+    comms = [job.ctl, world.comm, world.local_comm] + ([b.scaler.comm] if b.scaler else [])
+    job.world = in_job.shrink(error, world, comms, [b.group] if b.group else [], job.dog)
+    for close in (b.run.finish, b.group.close):
+        with contextlib.suppress(Exception):     # on revoked communicators: nothing left to do
+            close()
+    job.ctl = job.world.comm.Dup()
+    if job.dog is not None:
+        job.dog = Watchdog(job.world, timeout_s=cfg.timeout_s).start()
+    step, state = in_job.agree(job.world)
+    b = build_run(cfg, dp, job, dataset, tracer)
+    b.run.state.load_state_dict(state)
+    in_job.commit(step, b.run.state)
+    in_job.started(b.run.label(dp), job.ctl.rank == b.lead)
+    return b, step
+
+
+def train_one(cfg: TrainConfig, dp: str, job: Job, dataset, tracer: Tracer = OFF) -> dict | None:
     """Train with strategy `dp` in this run's layout; returns the summary row on the lead
     worker, else None."""
-    compute_dtype, scaler, make_opt = mixed_precision(cfg, world)
-    run, group, criterion = build_layout(cfg, dp, world, dataset, tracer, make_opt, compute_dtype, scaler)
-    if dog is not None and group is not None:
-        dog.watch(group)
-    roles = ctl.allgather(run.worker_rank if run.is_worker else -1)
-    lead = roles.index(0)
+    b = build_run(cfg, dp, job, dataset, tracer)
+    run, group, sampler, ctl, dog, scaler, criterion = b.run, b.group, b.sampler, job.ctl, job.dog, b.scaler, b.criterion
+    lead = b.lead
     is_lead = ctl.rank == lead
-    sampler = ShardedSampler(len(dataset), cfg.batch_size, run.num_workers, run.worker_rank, cfg.accum, cfg.seed)
     total = cfg.steps or cfg.epochs * sampler.steps_per_epoch
     config = dict(cfg.as_dict(), dp=dp)
     ckpt_path = cfg.path_for(cfg.checkpoint, dp)
@@ -157,6 +206,7 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
     recovery.started(start, dp)
     if cfg.resume and is_lead and not cfg.quiet:
         print(f"psrt.train: resuming {dp} from {ckpt_path} at step {start}", file=sys.stderr, flush=True)
+    in_job = InJob(is_lead) if env.in_job_recovery() else None
 
     metrics = report.Metrics(cfg.path_for(cfg.metrics, dp) if is_lead else None, append=resume)
     progress = report.Progress(total, run.label(dp), enabled=is_lead and not cfg.quiet, first=start)
@@ -169,15 +219,34 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
     ctl.Barrier()
     t0 = time.perf_counter()
     if run.is_worker:
-        for step in range(start, total):
+        step = start
+        if in_job is not None:
+            in_job.commit(step, run.state)
+        while step < total:
             mbs = [(x_all[i], y_all[i]) for i in sampler.microbatches(step)]
-            with tracer.span("step", "step", step=step + 1) if group is None else contextlib.nullcontext():
-                stats = run.step(mbs)
+            faults.kill_if_asked(step + 1)
+            try:
+                with tracer.span("step", "step", step=step + 1) if group is None else contextlib.nullcontext():
+                    stats = run.step(mbs)
+            except Exception as err:
+                error = lost_peer(err) if in_job is not None else None
+                if error is None:
+                    raise
+                b, step = recover(cfg, dp, job, dataset, tracer, b, in_job, error)
+                run, group, sampler, ctl, dog, scaler = b.run, b.group, b.sampler, job.ctl, job.dog, b.scaler
+                if (ctl.rank == b.lead) != is_lead:      # the lead worker was lost: a new one writes
+                    is_lead = ctl.rank == b.lead
+                    metrics = report.Metrics(cfg.path_for(cfg.metrics, dp) if is_lead else None, append=True)
+                    progress = report.Progress(total, run.label(dp), enabled=is_lead and not cfg.quiet, first=step)
+                lead = b.lead
+                continue
+            if in_job is not None:
+                in_job.commit(step + 1, run.state)
             totals.add(stats)
             routed = routing.add(cfg, stats.extra["moe"]) if "moe" in stats.extra else {}
             if dog is not None:
                 dog.step(step + 1)
-            recovered = recovery.step_done(step + 1)
+            recovered = {**recovery.step_done(step + 1), **(in_job.step_done(step + 1) if in_job else {})}
             if is_lead:
                 epoch, _ = sampler.position(step)
                 metrics.write({"dp": dp, "step": step + 1, "epoch": epoch, "loss": report.finite(stats.loss),
@@ -190,6 +259,7 @@ def train_one(cfg: TrainConfig, dp: str, world, ctl, dataset, dog: Watchdog | No
                 progress.update(step + 1, f"loss {stats.loss:.4f}{note}")
             if step + 1 in saves:
                 checkpoint.save(ckpt_path, ctl, run.state, step + 1, sampler.steps_per_epoch, config)
+            step += 1
         held = held_by(run)                           # as the last step left it
         run.finish()
     else:
@@ -342,29 +412,29 @@ def train_all(cfg: TrainConfig, world, watchdog: bool = True) -> list[dict] | No
     check_strategies(cfg)
     imported.check(cfg)        # the user's --model/--data import before any data is loaded
     set_threads(world)
-    ctl = world.comm.Dup()     # the loop's own messages never match a strategy's
     dataset = imported.load_data(cfg.data, cfg.seq_len)
     # A stuck collective or a silent rank ends the job with a report instead of a hang.
-    dog = Watchdog(world, timeout_s=cfg.timeout_s).start() if watchdog else None
+    job = Job(world, world.comm.Dup(), Watchdog(world, timeout_s=cfg.timeout_s).start() if watchdog else None)
     mine = {}
     for dp in cfg.dp_list:
         # one timeline per strategy (FILE.<dp>.json with several, as --metrics), so that two
         # strategies' steps are never drawn or summed as one run's
         tracer = Tracer() if cfg.trace else OFF
-        row = train_one(cfg, dp, world, ctl, dataset, dog, tracer)
+        row = train_one(cfg, dp, job, dataset, tracer)
         if row is not None:
             mine[dp] = row
         if cfg.trace:
-            tracer.write(ctl, cfg.path_for(cfg.trace, dp), world.hostname)   # rank 0 writes every rank's
+            tracer.write(job.ctl, cfg.path_for(cfg.trace, dp), job.world.hostname)   # rank 0 writes every rank's
     # Each strategy's lead worker holds its row (a server may be rank 0): collect them.
+    world, ctl = job.world, job.ctl
     found = ctl.gather(mine, root=0)
     # Comparing strategies: the alpha-beta model of this run's link, beside the measurement,
     # or one line saying why the model does not apply.
     compare = len(cfg.dp_list) > 1
     not_covered = prediction.not_covered(cfg.pp, cfg.tp, cfg.model) if compare else None
     link = prediction.measure(world, ctl) if compare and not_covered is None else None
-    if dog is not None:
-        dog.stop()
+    if job.dog is not None:
+        job.dog.stop()
     ctl.Free()
     if found is None:
         return None
@@ -385,46 +455,3 @@ def set_threads(world) -> None:
     """One rank per core share: N ranks on a host must not each start a thread per core."""
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world.local_size))
-
-# ------------------------------------------------------------------ --model moe
-def moe_options(cfg: TrainConfig) -> dict:
-    return {"experts": cfg.experts, "top_k": cfg.top_k, "capacity_factor": cfg.capacity_factor,
-            "aux_alpha": cfg.aux_weight, "dispatch": cfg.moe_dispatch}
-
-
-class RoutingTotals:
-    """A MoE run's routing figures summed over its steps: routed and dropped per expert (every
-    layer), the all-to-all bytes this rank sent, the model's number of MoE layers."""
-
-    def __init__(self):
-        self.routed = self.dropped = None
-        self.a2a, self.layers = 0.0, 0
-
-    def add(self, cfg: TrainConfig, step: dict) -> dict:
-        """Add one step's figures (psrt.train.moe's step extra, or the hybrid step's extra
-        "moe"); returns its fields of the --metrics line, the same for both."""
-        self.routed = step["routed"].clone() if self.routed is None else self.routed + step["routed"]
-        self.dropped = step["dropped"].clone() if self.dropped is None else self.dropped + step["dropped"]
-        self.a2a += step["a2a_bytes"]
-        self.layers = step["layers"]
-        return {"ep": cfg.ep, "aux_loss": step["aux_loss"], "routed": step["routed"].tolist(),
-                "dropped": int(step["dropped"].sum()), "a2a_bytes": step["a2a_bytes"]}
-
-
-def moe_summary(cfg: TrainConfig, dp: int, routing: RoutingTotals, steps: int, a2a: float, width: int,
-                layers_per_rank: float | None = None) -> dict:
-    """The summary row's MoE fields: tokens routed per expert per step and layer, the dropped
-    fraction, all-to-all bytes per rank and step (a2a: summed over the steps, mean of the
-    ranks) beside the uniform-routing model, 4 all-to-alls per layer of T k h d (EP-1)/EP bytes,
-    d the bytes of a value of the compute dtype, in which the rows travel (a pipeline rank
-    holds layers / pp of the layers: layers_per_rank)."""
-    tokens = cfg.batch_size // dp * cfg.seq_len          # per rank per step
-    d = 4 if cfg.precision == "fp32" else 2
-    layers = routing.layers
-    layers_per_rank = layers if layers_per_rank is None else layers_per_rank
-    routed, dropped = routing.routed, routing.dropped
-    return dict(moe=True, experts=cfg.experts, ep=cfg.ep, top_k=cfg.top_k,
-                routed_per_step=(routed / steps / max(layers, 1)).tolist(),
-                dropped_frac=float(dropped.sum() / routed.sum()) if routed.sum() else 0.0,
-                a2a_bytes_per_step=a2a / steps,
-                a2a_uniform=4 * tokens * cfg.top_k * width * d * (cfg.ep - 1) / cfg.ep * layers_per_rank)

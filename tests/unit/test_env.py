@@ -15,11 +15,13 @@ GOOD = {"PSRT_TIMEOUT": ("12.5", 12.5), "PSRT_CHECK": ("all", "all"), "PSRT_CUDA
         "PSRT_MASTER_ADDR": ("198.18.0.1", "198.18.0.1"), "PSRT_TRACEBACK": ("1", True),
         "PSRT_YIELD": ("0", False), "PSRT_ALGORITHM": ("ps", "ps"), "PSRT_HOSTS": ("0,0,1", (0, 0, 1)),
         "PSRT_MPI_LOG": ("/tmp/psrt-mpi-x.log", "/tmp/psrt-mpi-x.log"), "PSRT_RESTARTS": ("2", 2),
-        "PSRT_RESTART_COUNT": ("1", 1), "PSRT_FAILED_AT": ("1795685427.96", 1795685427.96)}
+        "PSRT_RESTART_COUNT": ("1", 1), "PSRT_FAILED_AT": ("1795685427.96", 1795685427.96),
+        "PSRT_IN_JOB_RECOVERY": ("1", True), "PSRT_KILL_AT": ("2,3:31", ((2, 3), 31))}
 BAD = {"PSRT_TIMEOUT": ["-3", "0", "soon", "inf"], "PSRT_CHECK": ["most"], "PSRT_CUDA_AWARE": ["yes", "2"],
        "PSRT_RING_SEGMENT": ["0", "4MiB", "-1"], "PSRT_TRACEBACK": ["true"],
        "PSRT_YIELD": ["yes"], "PSRT_ALGORITHM": ["torch", "fast"], "PSRT_HOSTS": ["0,a", "1;2", "-1"],
-       "PSRT_RESTARTS": ["-1", "two"], "PSRT_RESTART_COUNT": ["-1"], "PSRT_FAILED_AT": ["soon"]}
+       "PSRT_RESTARTS": ["-1", "two"], "PSRT_RESTART_COUNT": ["-1"], "PSRT_FAILED_AT": ["soon"],
+       "PSRT_IN_JOB_RECOVERY": ["yes"], "PSRT_KILL_AT": ["2", "a:1", "1:0", ":4"]}
 
 
 def test_every_variable_is_covered_here():

@@ -363,3 +363,18 @@ def test_only_open_mpis_non_zero_exit_notices_are_dropped():
     drop_exit_banners(["[rank 0] psrt.train: error: --batch-size 3 ...\n"] + exit_notice + killed + ["tail\n"],
                       out.append)
     assert "".join(out) == "[rank 0] psrt.train: error: --batch-size 3 ...\n" + "".join(killed) + "tail\n"
+
+
+def test_in_job_recovery_turns_ulfm_on_under_open_mpi_5_and_is_refused_elsewhere():
+    p = L.plan_mpirun(req("localhost:2", 2, in_job=True), "openmpi5", "mpirun", {}, 2)
+    at = p.argv.index("--with-ft")
+    assert p.argv[at:at + 5] == ("--with-ft", "ulfm", "--mca", "btl", "tcp,self")
+    assert p.env["PSRT_IN_JOB_RECOVERY"] == "1"
+    # a TCP path the user (or the emulated cluster) already chose is kept
+    kept = L.plan_mpirun(req("localhost:2", 2, in_job=True, extra=("--mca", "btl", "self,tcp")), "openmpi5",
+                         "mpirun", {}, 2)
+    assert kept.argv.count("--mca") == p.argv.count("--mca") and "self,tcp" in kept.argv
+    for flavour in ("openmpi4", "mpich"):
+        with pytest.raises(PsrtError) as err:
+            L.plan_mpirun(req("localhost:2", 2, in_job=True), flavour, "mpirun", {}, 2)
+        assert "no ULFM" in str(err.value) and "--restarts" in str(err.value) and "\n" not in str(err.value)

@@ -231,8 +231,10 @@ def _slurm_cores_per_rank(env, np_: int) -> int:
     return 1
 
 
-def plan_srun(req: Request, srun: str, env) -> Plan:
-    """argv for srun inside a Slurm allocation: the allocation decides placement."""
+def plan_srun(req: Request, srun: str, env, nodes: tuple[str, ...] | None = None) -> Plan:
+    """argv for srun inside a Slurm allocation: the allocation decides placement, or the
+    step runs on `nodes` (a restart on the survivors, psrt/launch/srun.py), sharing their
+    CPUs with a step that lost a node and that Slurm still counts as running (--overlap)."""
     if req.np is not None and req.np < 1:
         raise PsrtError(f"-np {req.np}: a job needs at least one rank")
     tasks = env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS")
@@ -245,6 +247,8 @@ def plan_srun(req: Request, srun: str, env) -> Plan:
     values, names, env_notes = _exports(req, env, threads)
     notes += env_notes
     argv = [srun, f"--ntasks={np_}"]
+    if nodes:
+        argv += [f"--nodes={len(nodes)}", f"--nodelist={','.join(nodes)}", "--overlap"]
     if req.oversubscribe:
         argv.append("--overcommit")
     if req.bind != "auto":

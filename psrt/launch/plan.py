@@ -220,11 +220,13 @@ def plan_mpirun(req: Request, flavour: str, mpirun: str, env, cores: int,
     return Plan(tuple(argv), values, tuple(notes), placement.ranks)
 
 
-def _slurm_cores_per_rank(env, np_: int) -> int:
+def _slurm_cores_per_rank(env, np_: int, nodes: int | None = None) -> int:
+    """CPUs per task: SLURM_CPUS_PER_TASK, else a node's CPUs over the tasks each of the step's
+    `nodes` (default: the allocation's) runs."""
     if env.get("SLURM_CPUS_PER_TASK", "").isdigit():
         return int(env["SLURM_CPUS_PER_TASK"])
     cpus = env.get("SLURM_CPUS_ON_NODE", "")
-    nodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "1"
+    nodes = str(nodes or env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "1")
     if cpus.isdigit() and nodes.isdigit():
         per_node = -(-np_ // int(nodes))
         return max(1, int(cpus) // per_node)
@@ -243,7 +245,7 @@ def plan_srun(req: Request, srun: str, env, nodes: tuple[str, ...] | None = None
     if tasks and tasks.isdigit() and np_ > int(tasks) and not req.oversubscribe:
         raise PsrtError(f"-np {np_} but the Slurm allocation has {tasks} tasks "
                         "(SLURM_NTASKS): lower -np, allocate more, or pass --oversubscribe")
-    threads = req.threads or _slurm_cores_per_rank(env, np_)
+    threads = req.threads or _slurm_cores_per_rank(env, np_, len(nodes) if nodes else None)
     values, names, env_notes = _exports(req, env, threads)
     notes += env_notes
     argv = [srun, f"--ntasks={np_}"]

@@ -9,6 +9,10 @@ failure was seen), and `python -m psrt.train` then continues from its last compl
 checkpoint: the data-parallel strategies compute the same training at any number of workers
 for a fixed global batch, and sharded state reshards on load (see docs/fault_tolerance.md).
 
+The policy here is the launchers' own: each passes `run_restarting` its probe (here `answers`,
+ssh as mpirun reaches a host; the emulated cluster's agent; under srun a one-task step on a
+node of the allocation, psrt/launch/srun.py) and its `start` (mpirun, or a new srun step).
+
 A host that answers again (or a new one named in the hostfile) is back in at the next restart.
 What is not worth another try ends the run: a usage error (exit 2: the same flags would fail
 again), the user's own Ctrl-C or SIGTERM, too few ranks left (--min-np), or the launcher's own

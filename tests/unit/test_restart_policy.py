@@ -16,7 +16,7 @@ import torch
 
 from psrt.launch import mpi
 from psrt.launch.hostfile import parse_hosts
-from psrt.launch.plan import Request
+from psrt.launch.plan import Request, plan_srun
 from psrt.launch.restart import Policy, next_request, run_restarting, worth_retrying
 from psrt.train import checkpoint
 from psrt.train.recovery import Recovery
@@ -141,6 +141,7 @@ def test_under_srun_a_restart_is_a_step_on_the_nodes_that_answer(tmp_path, monke
     (expanded by scontrol) with their CPUs, the first step placed by Slurm, the restart named
     onto the survivors with their CPUs' worth of tasks (never more than asked), sharing the
     CPUs the lost step still holds (--overlap), the ranks told as under mpirun."""
+    from psrt.errors import PsrtError
     from psrt.launch import srun
     fake = tmp_path / "scontrol"
     fake.write_text("#!/bin/sh\necho c1; echo c2; echo c3\n")
@@ -161,9 +162,16 @@ def test_under_srun_a_restart_is_a_step_on_the_nodes_that_answer(tmp_path, monke
     assert first[:2] == ("srun", "--ntasks=6") and not any(a.startswith("--nodelist") for a in first)
     assert again[:5] == ("srun", "--ntasks=6", "--nodes=2", "--nodelist=c1,c3", "--overlap")
     assert again[-3:] == ("python", "-m", "psrt.train")
+    # threads per rank from the CPUs of the step's nodes, not of the whole allocation
+    one_node = plan_srun(Request(command=("x",), hosts=(), np=2),
+                         "srun", {"SLURM_NTASKS": "4", "SLURM_CPUS_ON_NODE": "2", "SLURM_JOB_NUM_NODES": "2"},
+                         nodes=("c1",))
+    assert one_node.env["OMP_NUM_THREADS"] == "1"
     assert runs[0][1]["PSRT_RESTARTS"] == "2" and runs[1][1]["PSRT_RESTART_COUNT"] == "1"
-    with pytest.raises(Exception, match=r"SLURM_JOB_CPUS_PER_NODE='4,x': cannot read 'x'"):
+    with pytest.raises(PsrtError, match=r"SLURM_JOB_CPUS_PER_NODE='4,x': cannot read 'x'"):
         srun.cpus_per_node("4,x")
+    with pytest.raises(PsrtError, match=r"names 3 node\(s\) but SLURM_JOB_CPUS_PER_NODE=4\(x2\) counts 2"):
+        srun.allocation({**env, "SLURM_JOB_CPUS_PER_NODE": "4(x2)"})
     said = []
     codes = iter([1])
     assert srun.run_restarting_srun(req, env, Policy(1, min_np=5), say=said.append,

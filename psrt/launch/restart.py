@@ -94,9 +94,13 @@ def next_request(original, cores: int, policy: Policy, probe=answers, say=print)
     return dataclasses.replace(original, hosts=alive, hostfile=None if lost else original.hostfile, np=np_)
 
 
-def run_restarting(req, start: Callable, cores: int, policy: Policy, probe=answers, say=print) -> int:
+def run_restarting(req, start: Callable, cores: int, policy: Policy, probe=answers, say=print,
+                   precheck: Callable[[], None] | None = None) -> int:
     """Run `start(req, env_extra) -> exit code`, and after each failure `next_request` and
-    `start` again, at most policy.restarts times.  Returns the last exit code."""
+    `start` again, at most policy.restarts times.  Returns the last exit code.
+
+    `precheck()`, once the hosts have answered (a lost host's fate is known by then), raises
+    PsrtError when no restart can run whatever they said (under srun: the allocation is over)."""
     told = {"PSRT_RESTARTS": str(policy.restarts)} if policy.restarts else {}
     code = start(req, told)
     for attempt in range(1, policy.restarts + 1):
@@ -109,6 +113,8 @@ def run_restarting(req, start: Callable, cores: int, policy: Policy, probe=answe
         say(f"the job failed (exit {code}); restart {attempt} of {policy.restarts}: asking the hosts")
         try:
             again = next_request(req, cores, policy, probe, say)
+            if precheck is not None:
+                precheck()
         except PsrtError as err:
             say(f"not restarting: {err}")
             return code

@@ -91,6 +91,27 @@ def step_starts(node: str, srun: str = "srun", timeout: float = PROBE_TIMEOUT_S)
         return False
 
 
+def job_state(job: str, scontrol: str = "scontrol") -> str:
+    """RUNNING, NODE_FAIL, ... as slurmctld has job `job` ("" when it cannot be asked)."""
+    try:
+        out = subprocess.run([scontrol, "-o", "show", "job", job], capture_output=True, text=True, timeout=30,
+                             stdin=subprocess.DEVNULL).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    m = re.search(r"\bJobState=(\S+)", out)
+    return m.group(1) if m else ""
+
+
+def require_running(env, scontrol: str = "scontrol") -> None:
+    """A restart needs the allocation: one that Slurm ended with the lost node (no --no-kill)
+    is said in one line instead of srun's "job has expired"."""
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID", "")
+    state = job_state(job, scontrol) if job else ""
+    if state and state != "RUNNING":
+        raise PsrtError(f"Slurm job {job} is over ({state}): a lost node ends the whole job unless it "
+                        "was allocated with --no-kill (salloc/sbatch), which --restarts under srun needs")
+
+
 def run_restarting_srun(req, env, policy: Policy, say, srun: str = "srun", probe=None) -> int:
     """Run `req` as an srun step, and after a failure as a new step on the nodes of the
     allocation that still start one (restart.run_restarting decides when and how many)."""
@@ -105,4 +126,5 @@ def run_restarting_srun(req, env, policy: Policy, say, srun: str = "srun", probe
         nodes = None if "PSRT_RESTART_COUNT" not in extra else tuple(h.name for h in request.hosts)
         plan = plan_srun(request, srun, job_env, nodes=nodes)
         return run_job(plan.argv, {**job_env, **plan.env}, quiet_exit=True)
-    return run_restarting(whole, start, cores=1, policy=policy, probe=probe, say=say)
+    return run_restarting(whole, start, cores=1, policy=policy, probe=probe, say=say,
+                          precheck=lambda: require_running(env))

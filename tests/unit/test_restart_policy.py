@@ -177,5 +177,14 @@ def test_under_srun_a_restart_is_a_step_on_the_nodes_that_answer(tmp_path, monke
     assert srun.run_restarting_srun(req, env, Policy(1, min_np=5), say=said.append,
                                     probe=lambda n: n == "c1") == 1
     assert said[-1] == "not restarting: 4 rank(s) left on c1 (c2, c3 lost), under --min-np 5"
+    ended = tmp_path / "ended"
+    ended.write_text("#!/bin/sh\necho JobId=7 JobName=x JobState=NODE_FAIL Reason=None\n")
+    ended.chmod(0o755)
+    with pytest.raises(PsrtError, match=r"^Slurm job 7 is over \(NODE_FAIL\): .* --no-kill"):
+        srun.require_running(env, scontrol=str(ended))
+    said, runs[:] = [], []
+    assert run_restarting(req, lambda r, e: runs.append(r) or 3, 2, Policy(1), probe=lambda h: True, say=said.append,
+                          precheck=lambda: srun.require_running(env, scontrol=str(ended))) == 3
+    assert len(runs) == 1 and said[-1].startswith("not restarting: Slurm job 7 is over (NODE_FAIL)")
     assert srun.probe_argv("c2")[:7] == ["srun", "--overlap", "--mpi=none", "--nodes=1", "--ntasks=1",
                                          "--nodelist=c2", "--time=1"]

@@ -125,6 +125,8 @@ def run_restarting_srun(req, env, policy: Policy, say, srun: str = "srun", probe
         # The first step is placed by the allocation; a restart names its nodes.
         nodes = None if "PSRT_RESTART_COUNT" not in extra else tuple(h.name for h in request.hosts)
         plan = plan_srun(request, srun, job_env, nodes=nodes)
+        # quiet_exit: srun waits for a lost node's tasks until slurmctld declares it DOWN;
+        # run_job ends it ABORT_GRACE_S after the survivors' abort notice (mpi.Ending).
         return run_job(plan.argv, {**job_env, **plan.env}, quiet_exit=True)
     return run_restarting(whole, start, cores=1, policy=policy, probe=probe, say=say,
                           precheck=lambda: require_running(env))

@@ -18,6 +18,7 @@ from psrt.launch.hostfile import parse_hostfile, parse_hosts
 from psrt.launch.mpi import check_ulfm, find_mpirun, mpi_flavour, resolve_program, run_job
 from psrt.launch.plan import FLAVOURS, ROOT, Request, plan_mpirun, plan_srun
 from psrt.launch.restart import Policy, answers, run_restarting, ssh_for
+from psrt.launch.srun import run_restarting_srun
 
 DEFAULT_HOSTFILE = ROOT / "hostfiles" / "localhost"
 
@@ -121,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             print(plan.shell())
             return 0
+        if args.restarts:
+            return run_restarting_srun(req, env, Policy(args.restarts, args.min_np), say=lambda line: _say([line]))
         return run_job(plan.argv, {**env, **plan.env})
     if args.flavour and args.dry_run:
         mpirun = args.mpirun or ("mpiexec" if args.flavour == "mpich" else "mpirun")

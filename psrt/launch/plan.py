@@ -241,19 +241,23 @@ def plan_mpirun(req: Request, flavour: str, mpirun: str, env, cores: int,
     return Plan(tuple(argv), values, tuple(notes), placement.ranks)
 
 
-def _slurm_cores_per_rank(env, np_: int) -> int:
+def _slurm_cores_per_rank(env, np_: int, nodes: int | None = None) -> int:
+    """CPUs per task: SLURM_CPUS_PER_TASK, else a node's CPUs over the tasks each of the step's
+    `nodes` (default: the allocation's) runs."""
     if env.get("SLURM_CPUS_PER_TASK", "").isdigit():
         return int(env["SLURM_CPUS_PER_TASK"])
     cpus = env.get("SLURM_CPUS_ON_NODE", "")
-    nodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "1"
+    nodes = str(nodes or env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "1")
     if cpus.isdigit() and nodes.isdigit():
         per_node = -(-np_ // int(nodes))
         return max(1, int(cpus) // per_node)
     return 1
 
 
-def plan_srun(req: Request, srun: str, env) -> Plan:
-    """argv for srun inside a Slurm allocation: the allocation decides placement."""
+def plan_srun(req: Request, srun: str, env, nodes: tuple[str, ...] | None = None) -> Plan:
+    """argv for srun inside a Slurm allocation: the allocation decides placement, or the
+    step runs on `nodes` (a restart on the survivors, psrt/launch/srun.py), sharing their
+    CPUs with a step that lost a node and that Slurm still counts as running (--overlap)."""
     if req.np is not None and req.np < 1:
         raise PsrtError(f"-np {req.np}: a job needs at least one rank")
     tasks = env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS")
@@ -262,10 +266,12 @@ def plan_srun(req: Request, srun: str, env) -> Plan:
     if tasks and tasks.isdigit() and np_ > int(tasks) and not req.oversubscribe:
         raise PsrtError(f"-np {np_} but the Slurm allocation has {tasks} tasks "
                         "(SLURM_NTASKS): lower -np, allocate more, or pass --oversubscribe")
-    threads = req.threads or _slurm_cores_per_rank(env, np_)
+    threads = req.threads or _slurm_cores_per_rank(env, np_, len(nodes) if nodes else None)
     values, names, env_notes = _exports(req, env, threads)
     notes += env_notes
     argv = [srun, f"--ntasks={np_}"]
+    if nodes:
+        argv += [f"--nodes={len(nodes)}", f"--nodelist={','.join(nodes)}", "--overlap"]
     if req.oversubscribe:
         argv.append("--overcommit")
     if req.bind != "auto":

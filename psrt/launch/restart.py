@@ -9,6 +9,10 @@ failure was seen), and `python -m psrt.train` then continues from its last compl
 checkpoint: the data-parallel strategies compute the same training at any number of workers
 for a fixed global batch, and sharded state reshards on load (see docs/fault_tolerance.md).
 
+The policy here is the launchers' own: each passes `run_restarting` its probe (here `answers`,
+ssh as mpirun reaches a host; the emulated cluster's agent; under srun a one-task step on a
+node of the allocation, psrt/launch/srun.py) and its `start` (mpirun, or a new srun step).
+
 A host that answers again (or a new one named in the hostfile) is back in at the next restart.
 What is not worth another try ends the run: a usage error (exit 2: the same flags would fail
 again), the user's own Ctrl-C or SIGTERM, too few ranks left (--min-np), or the launcher's own
@@ -90,9 +94,13 @@ def next_request(original, cores: int, policy: Policy, probe=answers, say=print)
     return dataclasses.replace(original, hosts=alive, hostfile=None if lost else original.hostfile, np=np_)
 
 
-def run_restarting(req, start: Callable, cores: int, policy: Policy, probe=answers, say=print) -> int:
+def run_restarting(req, start: Callable, cores: int, policy: Policy, probe=answers, say=print,
+                   precheck: Callable[[], None] | None = None) -> int:
     """Run `start(req, env_extra) -> exit code`, and after each failure `next_request` and
-    `start` again, at most policy.restarts times.  Returns the last exit code."""
+    `start` again, at most policy.restarts times.  Returns the last exit code.
+
+    `precheck()`, once the hosts have answered (a lost host's fate is known by then), raises
+    PsrtError when no restart can run whatever they said (under srun: the allocation is over)."""
     told = {"PSRT_RESTARTS": str(policy.restarts)} if policy.restarts else {}
     code = start(req, told)
     for attempt in range(1, policy.restarts + 1):
@@ -105,6 +113,8 @@ def run_restarting(req, start: Callable, cores: int, policy: Policy, probe=answe
         say(f"the job failed (exit {code}); restart {attempt} of {policy.restarts}: asking the hosts")
         try:
             again = next_request(req, cores, policy, probe, say)
+            if precheck is not None:
+                precheck()
         except PsrtError as err:
             say(f"not restarting: {err}")
             return code

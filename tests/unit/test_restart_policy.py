@@ -16,7 +16,7 @@ import torch
 
 from psrt.launch import mpi
 from psrt.launch.hostfile import parse_hosts
-from psrt.launch.plan import Request
+from psrt.launch.plan import Request, plan_srun
 from psrt.launch.restart import Policy, next_request, run_restarting, worth_retrying
 from psrt.train import checkpoint
 from psrt.train.recovery import Recovery
@@ -134,3 +134,57 @@ def test_a_kill_at_a_random_moment_of_a_write_leaves_a_whole_checkpoint(tmp_path
         assert torch.equal(state["w"], torch.full((1 << 18,), float(state["step"])))
         seen.add(state["step"])
     assert len(seen) == 20      # each writer was killed after whole writes of its own
+
+
+def test_under_srun_a_restart_is_a_step_on_the_nodes_that_answer(tmp_path, monkeypatch):
+    """mpi_launch --launcher srun --restarts: the allocation's nodes from SLURM_JOB_NODELIST
+    (expanded by scontrol) with their CPUs, the first step placed by Slurm, the restart named
+    onto the survivors with their CPUs' worth of tasks (never more than asked), sharing the
+    CPUs the lost step still holds (--overlap), the ranks told as under mpirun."""
+    from psrt.errors import PsrtError
+    from psrt.launch import srun
+    fake = tmp_path / "scontrol"
+    fake.write_text("#!/bin/sh\necho c1; echo c2; echo c3\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "c[1-3]", "SLURM_JOB_CPUS_PER_NODE": "4,2(x2)",
+           "SLURM_NTASKS": "6", "PATH": os.environ["PATH"]}
+    assert srun.cpus_per_node("4,2(x2)") == [4, 2, 2]
+    assert [(h.name, h.slots) for h in srun.allocation(env)] == [("c1", 4), ("c2", 2), ("c3", 2)]
+    assert [h.slots for h in srun.allocation({**env, "SLURM_CPUS_PER_TASK": "2"})] == [2, 1, 1]
+    runs = []
+    codes = iter([137, 0])
+    monkeypatch.setattr(srun, "run_job", lambda argv, e, quiet_exit: runs.append((argv, e)) or next(codes))
+    req = Request(command=("python", "-m", "psrt.train"), hosts=parse_hosts("localhost"), np=6)
+    code = srun.run_restarting_srun(req, env, Policy(2), say=lambda s: None, probe=lambda n: n != "c2")
+    assert code == 0 and len(runs) == 2
+    first, again = runs[0][0], runs[1][0]
+    assert first[:2] == ("srun", "--ntasks=6") and not any(a.startswith("--nodelist") for a in first)
+    assert again[:5] == ("srun", "--ntasks=6", "--nodes=2", "--nodelist=c1,c3", "--overlap")
+    assert again[-3:] == ("python", "-m", "psrt.train")
+    # threads per rank from the CPUs of the step's nodes, not of the whole allocation
+    one_node = plan_srun(Request(command=("x",), hosts=(), np=2),
+                         "srun", {"SLURM_NTASKS": "4", "SLURM_CPUS_ON_NODE": "2", "SLURM_JOB_NUM_NODES": "2"},
+                         nodes=("c1",))
+    assert one_node.env["OMP_NUM_THREADS"] == "1"
+    assert runs[0][1]["PSRT_RESTARTS"] == "2" and runs[1][1]["PSRT_RESTART_COUNT"] == "1"
+    with pytest.raises(PsrtError, match=r"SLURM_JOB_CPUS_PER_NODE='4,x': cannot read 'x'"):
+        srun.cpus_per_node("4,x")
+    with pytest.raises(PsrtError, match=r"names 3 node\(s\) but SLURM_JOB_CPUS_PER_NODE=4\(x2\) counts 2"):
+        srun.allocation({**env, "SLURM_JOB_CPUS_PER_NODE": "4(x2)"})
+    said = []
+    codes = iter([1])
+    assert srun.run_restarting_srun(req, env, Policy(1, min_np=5), say=said.append,
+                                    probe=lambda n: n == "c1") == 1
+    assert said[-1] == "not restarting: 4 rank(s) left on c1 (c2, c3 lost), under --min-np 5"
+    ended = tmp_path / "ended"
+    ended.write_text("#!/bin/sh\necho JobId=7 JobName=x JobState=NODE_FAIL Reason=None\n")
+    ended.chmod(0o755)
+    with pytest.raises(PsrtError, match=r"^Slurm job 7 is over \(NODE_FAIL\): .* --no-kill"):
+        srun.require_running(env, scontrol=str(ended))
+    said, runs[:] = [], []
+    assert run_restarting(req, lambda r, e: runs.append(r) or 3, 2, Policy(1), probe=lambda h: True, say=said.append,
+                          precheck=lambda: srun.require_running(env, scontrol=str(ended))) == 3
+    assert len(runs) == 1 and said[-1].startswith("not restarting: Slurm job 7 is over (NODE_FAIL)")
+    assert srun.probe_argv("c2")[:7] == ["srun", "--overlap", "--mpi=none", "--nodes=1", "--ntasks=1",
+                                         "--nodelist=c2", "--time=1"]

@@ -177,6 +177,11 @@ class Communicator(Exchanges):
                 extra = {"path": path} if path else {}
                 tracer.add(name, "comm", t0, tracer.clock(), algorithm=algo, bytes=nbytes, **extra)
 
+    def pick(self, collective: str, nbytes: int, algorithm: str | None = None) -> str:
+        """The algorithm a call of `collective` on `nbytes` runs here (what 'auto' chooses on
+        this placement; `algorithm` as a call would name it)."""
+        return self._pick(collective, algorithm, nbytes)
+
     # ------------------------------------------------------------ plumbing
     def _pick(self, collective: str, algorithm: str | None, nbytes: int) -> str:
         table = ALGORITHMS[collective]

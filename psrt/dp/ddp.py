@@ -41,10 +41,7 @@ class AllreduceReducer:
 
     def wire_bytes(self, flat: torch.Tensor) -> int:
         nbytes = flat.numel() * flat.element_size()
-        algo = self.algorithm
-        if algo == "auto":
-            from psrt.collectives import ALGORITHMS
-            algo = self.group.tuning.choose("allreduce", nbytes, self.group.size, ALGORITHMS["allreduce"])
+        algo = self.group.pick("allreduce", nbytes, self.algorithm)
         return wire_bytes("allreduce", algo, nbytes, self.group.size, self.group.rank)
 
 

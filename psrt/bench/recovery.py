@@ -13,7 +13,8 @@ batch): the two compute the same training.
 `--way in-job` measures the other way, recovery inside the job (psrt.train.in_job): the same
 number of ranks on this machine under Open MPI 5 with ULFM (PyPI's, built once by
 scripts/with_mpi.sh), the last host's share of ranks killed after --kill-at (PSRT_KILL_AT); the
-survivors shrink their communicators and go on without a restart.  For ring and native only.
+survivors shrink their communicators and go on without a restart (zero1/2/3, ps and
+ps-sharded from their last checkpoint, read in the same job).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from psrt.bench.report import table
 from psrt.errors import PsrtError
 from psrt.launch.cluster import fail
 from psrt.launch.mpi import local_mpirun_prefix
-from psrt.train.in_job import FULL_REPLICA
+from psrt.train.in_job import FROM_CHECKPOINT, FULL_REPLICA
 
 COLUMNS = [("dp", "dp", "s"), ("way", "way", "s"), ("ranks", "ranks", "s"),
            ("killed_after", "lost after step", "d"), ("resumed_from", "resumed from", "d"),
@@ -148,6 +149,8 @@ def in_job_one(dp: str, ranks: int, lose: int, steps: int, kill_at: int, batch: 
     argv = ["bash", str(ROOT / "scripts" / "with_mpi.sh"), "openmpi5", "--", "python", "-m", "psrt.launch",
             "--in-job-recovery", "-np", str(ranks), "python"] + _train_args(dp, steps, batch, width) + [
             "--save", str(final), "--metrics", str(metrics)]
+    if dp in FROM_CHECKPOINT:       # what a lost rank held alone comes back from the checkpoint
+        argv += ["--checkpoint", str(folder / f"{dp}.in-job.ckpt.pt"), "--checkpoint-every", str(max(1, steps // 10))]
     log, code = _run_ended(argv, env, timeout=max(120.0, 10 * timeout_s))
     killed = [float(line.rsplit(" at ", 1)[1]) for line in log.splitlines() if "PSRT_KILL_AT: rank" in line]
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
@@ -171,7 +174,7 @@ def _rows(dp: str, ways: list[str], args, folder: Path) -> list[dict]:
                   f"after step {args.kill_at} of {args.steps}", file=sys.stderr, flush=True)
         rows.append(one(dp, args.hosts, args.per_host, args.steps, args.kill_at, args.batch_size,
                         args.width, args.timeout, folder))
-    if "in-job" in ways and dp in FULL_REPLICA:
+    if "in-job" in ways and dp in FULL_REPLICA + FROM_CHECKPOINT:
         if not args.quiet:
             print(f"recovery: --dp {dp} on {args.hosts * args.per_host} ranks in one job (Open MPI 5, ULFM), "
                   f"the last {args.per_host} killed after step {args.kill_at} of {args.steps}",
@@ -210,7 +213,7 @@ def add_arguments(p) -> None:
     p.add_argument("--dp", default="ring,zero1,ps", help="strategies, comma list")
     p.add_argument("--way", default="restart,in-job",
                    help="restart (mpi_launch --restarts on emulated hosts, root), in-job (mpi_launch "
-                        "--in-job-recovery on this machine, Open MPI 5 from PyPI; ring and native only)")
+                        "--in-job-recovery on this machine, Open MPI 5 from PyPI)")
     p.add_argument("--hosts", type=int, default=2)
     p.add_argument("--per-host", type=int, default=4, help="ranks per host (in-job: the ranks lost)")
     p.add_argument("--steps", type=int, default=100)

@@ -277,8 +277,20 @@ def wait_all(reqs: list, timeout_s: float, what: Callable[[list[int]], str]) -> 
     if not reqs:
         return []
     statuses = [MPI.Status() for _ in reqs]
-    poll(lambda: MPI.Request.Testall(reqs, statuses), timeout_s,
-         lambda: what([i for i, r in enumerate(reqs) if not r.Test()]))
+
+    def done() -> bool:
+        try:
+            return MPI.Request.Testall(reqs, statuses)
+        except MPI.Exception as err:
+            # MPI_ERR_IN_STATUS says only that some request failed: raise the failure itself
+            # (a lost peer, MPI_ERR_PROC_FAILED under ULFM, is what in-job recovery looks for)
+            if err.Get_error_class() != MPI.ERR_IN_STATUS:
+                raise
+            codes = [s.Get_error() for s in statuses if s.Get_error() not in (MPI.SUCCESS, MPI.ERR_PENDING)]
+            if not codes:
+                raise
+            raise MPI.Exception(codes[0]) from err
+    poll(done, timeout_s, lambda: what([i for i, r in enumerate(reqs) if not r.Test()]))
     return statuses
 
 

@@ -22,9 +22,14 @@ IJHPCA 27(3), 2013: revoke, shrink, agree):
    global batch over the survivors, so the lost rank's share goes to them and the run computes
    the training an uninterrupted run on the survivors' number of ranks computes.
 
-No restart and no disk read.  Only strategies whose every rank holds all parameters and the
-whole optimizer state can do this (`FULL_REPLICA`); the others are refused in one line (see
-docs/reliability.md, "Recovery inside the job").
+No restart and no disk read for the strategies whose every rank holds all parameters and the
+whole optimizer state (`FULL_REPLICA`).  The strategies that keep a state on one rank only
+(ZeRO's shards, the parameter servers' state: `FROM_CHECKPOINT`) lose it with that rank; the
+survivors then read the last complete --checkpoint in the same job, resharded to their number
+(the reshard a restart does, without the restart), and compute again the steps after it.
+Keeping a second copy of every shard on a buddy rank would spare that read at twice the
+optimizer memory and a second transfer of every shard each step (see docs/reliability.md,
+"Recovery inside the job").
 """
 from __future__ import annotations
 
@@ -39,22 +44,27 @@ from psrt.world import init, revoke
 # Every rank holds the whole model and optimizer state and the gradients travel through MPI.
 # (--dp torch reduces through torch.distributed's gloo, whose process group cannot shrink.)
 FULL_REPLICA = ("ring", "native")
+# A state on one rank only, read back from the last checkpoint after the shrink.
+FROM_CHECKPOINT = ("zero1", "zero2", "zero3", "zero", "ps", "ps-sharded")
 
 
-def refusal(dp: str, grid: bool, precision: str, why_not_ulfm: str | None) -> str | None:
+def refusal(dp: str, grid: bool, precision: str, why_not_ulfm: str | None, checkpoint: bool = False,
+            servers: int | None = None) -> str | None:
     """Why in-job recovery cannot serve --dp `dp` in this run, or None."""
     where = f"--dp {dp} under mpi_launch --in-job-recovery"
     if why_not_ulfm:
         return f"{where}: {why_not_ulfm}; use mpi_launch --restarts N instead"
     if dp == "torch":
-        return (f"{where}: only {', '.join(FULL_REPLICA)} recover inside the job; torch reduces through "
-                "torch.distributed's gloo, whose process group cannot shrink: use --dp ring or native, "
-                "or mpi_launch --restarts N")
-    if dp not in FULL_REPLICA:
-        return (f"{where}: only {', '.join(FULL_REPLICA)} recover inside the job (every rank holds all "
-                "parameters and optimizer state, so the survivors lose nothing); the shards of a lost "
-                "rank of " + dp + " are gone with it: use mpi_launch --restarts N, which continues from "
-                "the last checkpoint")
+        return (f"{where}: torch reduces through torch.distributed's gloo, whose process group cannot "
+                "shrink: use --dp ring or native, or mpi_launch --restarts N")
+    if dp in FROM_CHECKPOINT and not checkpoint:
+        return (f"{where}: the state a lost rank of {dp} holds alone comes back from the last checkpoint: "
+                "give --checkpoint FILE (written every twentieth of the run unless --checkpoint-every says)")
+    if dp in FROM_CHECKPOINT and servers:
+        return (f"{where}: dedicated servers (--servers {servers}) cannot recover inside the job: "
+                "use the co-located ones (--servers 0) or mpi_launch --restarts N")
+    if dp not in FULL_REPLICA + FROM_CHECKPOINT:
+        return f"{where}: {dp} cannot recover inside the job: use mpi_launch --restarts N"
     if grid:
         return f"{where}: a pipeline or tensor-parallel grid cannot recover inside the job: use --restarts N"
     if precision == "fp16":
@@ -69,16 +79,17 @@ class InJob:
         lead: this rank speaks (prints the recovery lines).
     """
 
-    def __init__(self, lead: bool):
-        self.commits: deque = deque(maxlen=2)      # (step, state), oldest first
+    def __init__(self, lead: bool, keep: bool = True):
+        self.commits: deque = deque(maxlen=2)      # (step, state or None), oldest first
+        self.keep = keep                           # copy the state (FULL_REPLICA), or note the step
         self.count = 0
         self.lead = lead
         self.lost: list[int] = []
         self._pending: dict | None = None          # until the first step after a recovery
 
     def commit(self, step: int, state) -> None:
-        """Keep a copy of `state` (a Driver) as it is after `step`."""
-        self.commits.append((step, copy.deepcopy(state.state_dict())))
+        """Keep a copy of `state` (a Driver) as it is after `step` (only the step without `keep`)."""
+        self.commits.append((step, copy.deepcopy(state.state_dict()) if self.keep else None))
 
     def shrink(self, err: str, world, comms, groups=(), dog=None):
         """Revoke `comms` (MPI communicators) and `groups` (psrt Communicators), stop the
@@ -114,6 +125,15 @@ class InJob:
         self._pending.update(step=step, ahead=ahead)
         return step, state
 
+    def reload(self, world, load) -> int:
+        """The step every survivor goes on from when the lost state comes from the last
+        checkpoint: `load()` reads it (collective) and returns its step."""
+        from mpi4py import MPI
+        step = load()
+        ahead = world.comm.allreduce(self.commits[-1][0], op=MPI.MAX)
+        self._pending.update(step=step, ahead=ahead, read=True)
+        return step
+
     def started(self, label: str, lead: bool) -> None:
         """Say where the run goes on from (the lead worker after the recovery)."""
         self.lead = lead
@@ -121,9 +141,10 @@ class InJob:
         if not lead or p is None:
             return
         again = f"; steps {p['step'] + 1}-{p['ahead']} are done again" if p["ahead"] > p["step"] else ""
+        read = " of its last checkpoint" if p.get("read") else ""
         print(f"psrt.train: in-job recovery {self.count}: rank{'s' * (len(self.lost) > 1)} "
               f"{', '.join(map(str, self.lost))} of {p['from']} lost ({p['error']}); {label} continues "
-              f"from step {p['step']}{again}", file=sys.stderr, flush=True)
+              f"from step {p['step']}{read}{again}", file=sys.stderr, flush=True)
 
     def step_done(self, step: int) -> dict:
         """After each finished step: on the first one after a recovery, say how long it took.

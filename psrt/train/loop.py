@@ -28,7 +28,7 @@ from psrt.errors import PsrtError, make_options
 from psrt.grid import Grid
 from psrt.train import checkpoint, imported, layout, prediction, report
 from psrt.train.ledger import activations, device_of, held_by, memory_row
-from psrt.train.in_job import InJob
+from psrt.train.in_job import FULL_REPLICA, InJob
 from psrt.train.in_job import refusal as in_job_refusal
 from psrt.train.recovery import Recovery
 from psrt.train.config import STRATEGY_FLAGS, TrainConfig, flag
@@ -92,7 +92,7 @@ def check_strategies(cfg: TrainConfig) -> None:
                              precision=cfg.precision, servers=cfg.servers)
         if env.in_job_recovery() and not why:
             why = in_job_refusal(dp, bool(layout.axes(cfg.pp, cfg.tp, cfg.model == "moe")), cfg.precision,
-                                 ulfm_refusal())
+                                 ulfm_refusal(), checkpoint=bool(cfg.checkpoint), servers=cfg.servers)
         if why:
             raise PsrtError(why, everywhere=True)
         accepted |= set(option_names(cls))
@@ -173,9 +173,12 @@ def build_run(cfg: TrainConfig, dp: str, job: Job, dataset, tracer: Tracer) -> S
 def recover(cfg: TrainConfig, dp: str, job: Job, dataset, tracer: Tracer, b: SimpleNamespace,
             in_job: InJob, error: str) -> tuple[SimpleNamespace, int]:
     """After a lost rank: the survivors' run, rebuilt on their shrunk world with the state of
-    the step they agreed on, and that step (psrt.train.in_job)."""
+    the step they agreed on (or of the last checkpoint, for a state a lost rank held alone),
+    and that step (psrt.train.in_job)."""
     world = job.world
     comms = [job.ctl, world.comm, world.local_comm] + ([b.scaler.comm] if b.scaler else [])
+    comms += [getattr(c, name) for c in b.run.components for name in ("pcomm", "scomm")
+              if getattr(c, name, None) is not None]   # the parameter servers' own channels
     job.world = in_job.shrink(error, world, comms, [b.group] if b.group else [], job.dog)
     for close in (b.run.finish, b.group.close):
         with contextlib.suppress(Exception):     # on revoked communicators: nothing left to do
@@ -183,9 +186,14 @@ def recover(cfg: TrainConfig, dp: str, job: Job, dataset, tracer: Tracer, b: Sim
     job.ctl = job.world.comm.Dup()
     if job.dog is not None:
         job.dog = Watchdog(job.world, timeout_s=cfg.timeout_s).start()
-    step, state = in_job.agree(job.world)
-    b = build_run(cfg, dp, job, dataset, tracer)
-    b.run.state.load_state_dict(state)
+    if in_job.keep:
+        step, state = in_job.agree(job.world)
+        b = build_run(cfg, dp, job, dataset, tracer)
+        b.run.state.load_state_dict(state)
+    else:
+        b = build_run(cfg, dp, job, dataset, tracer)
+        path, config = cfg.path_for(cfg.checkpoint, dp), dict(cfg.as_dict(), dp=dp)
+        step = in_job.reload(job.world, lambda: checkpoint.load(path, job.ctl, b.run.state, config))
     in_job.commit(step, b.run.state)
     in_job.started(b.run.label(dp), job.ctl.rank == b.lead)
     return b, step
@@ -207,7 +215,7 @@ def train_one(cfg: TrainConfig, dp: str, job: Job, dataset, tracer: Tracer = OFF
     recovery.started(start, dp)
     if cfg.resume and is_lead and not cfg.quiet:
         print(f"psrt.train: resuming {dp} from {ckpt_path} at step {start}", file=sys.stderr, flush=True)
-    in_job = InJob(is_lead) if env.in_job_recovery() else None
+    in_job = InJob(is_lead, keep=dp in FULL_REPLICA) if env.in_job_recovery() else None
 
     metrics = report.Metrics(cfg.path_for(cfg.metrics, dp) if is_lead else None, append=resume)
     progress = report.Progress(total, run.label(dp), enabled=is_lead and not cfg.quiet, first=start)

@@ -28,7 +28,8 @@ class Recovery:
     def __init__(self, checkpoint: str | None, every: int, total: int, lead: bool, quiet: bool = False):
         self.allowed, self.count, self.failed_at = env.restarts()
         self.path = checkpoint
-        self.every = every or (max(1, total // SHARE) if self.allowed and checkpoint else 0)
+        # restarts, or recovery inside the job of a state one rank held alone, read it back
+        self.every = every or (max(1, total // SHARE) if (self.allowed or env.in_job_recovery()) and checkpoint else 0)
         self.lead, self.quiet = lead, quiet
         self.reached: int | None = None   # the last step finished before the failure
         self._pending = False

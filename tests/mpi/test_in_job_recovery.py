@@ -33,6 +33,22 @@ def test_the_survivors_carry_on_inside_the_job_as_if_started_on_two(tmp_path):
     assert row["max_diff"] <= 1e-5, row
 
 
+@pytest.mark.parametrize("dp,holds", [("zero1", "its optimizer shard"), ("ps-sharded", "a server's shard")])
+def test_a_state_one_rank_held_comes_back_from_the_checkpoint_inside_the_job(tmp_path, dp, holds):
+    """zero1 and ps-sharded (co-located servers: rank 2 serves a shard) lose with rank 2 what it
+    alone held: the survivors shrink and read the last checkpoint (step 30, written every 10
+    steps) in the same job, resharded to 2, and end with the parameters of an uninterrupted
+    run on 2."""
+    row = in_job_one(dp, ranks=3, lose=1, steps=100, kill_at=30, batch=48, width=32, timeout_s=10.0,
+                     folder=tmp_path)
+    log = row["log"]
+    assert f"{dp} x2 continues from step 30 of its last checkpoint" in log, (holds, log)
+    assert "restart" not in log, log
+    assert row["resumed_from"] == 30 and row["steps_lost"] == 0, row
+    assert row["recovery_s"] <= 5.0, row
+    assert row["max_diff"] <= 1e-5, row
+
+
 def test_open_mpi_4_refuses_the_flag_in_one_line():
     out = subprocess.run([sys.executable, "-m", "psrt.launch", "--in-job-recovery", "-np", "2", "python", "-c", "1"],
                          capture_output=True, text=True, cwd=ROOT, timeout=60, stdin=subprocess.DEVNULL)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from psrt.train.in_job import FULL_REPLICA, refusal
+from psrt.train.in_job import FROM_CHECKPOINT, FULL_REPLICA, refusal
 
 
 @pytest.mark.parametrize("dp", FULL_REPLICA)
@@ -12,12 +12,20 @@ def test_full_replica_strategies_recover_inside_the_job(dp):
     assert refusal(dp, grid=False, precision="bf16", why_not_ulfm=None) is None
 
 
+@pytest.mark.parametrize("dp", FROM_CHECKPOINT)
+def test_a_state_on_one_rank_comes_back_from_the_checkpoint(dp):
+    assert refusal(dp, grid=False, precision="fp32", why_not_ulfm=None, checkpoint=True) is None
+    why = refusal(dp, grid=False, precision="fp32", why_not_ulfm=None)
+    assert "--checkpoint FILE" in why and "\n" not in why
+    why = refusal(dp, grid=False, precision="fp32", why_not_ulfm=None, checkpoint=True, servers=2)
+    assert "--servers 2" in why and "--restarts" in why
+
+
 @pytest.mark.parametrize("dp,grid,precision,says", [
-    ("zero1", False, "fp32", "--restarts"), ("zero3", False, "fp32", "gone with it"),
-    ("ps-sharded", False, "fp32", "--restarts"), ("torch", False, "fp32", "gloo"),
-    ("ring", True, "fp32", "grid"), ("ring", False, "fp16", "loss scale")])
+    ("ps-async", False, "fp32", "--restarts"), ("horovod", False, "fp32", "--restarts"),
+    ("torch", False, "fp32", "gloo"), ("ring", True, "fp32", "grid"), ("ring", False, "fp16", "loss scale")])
 def test_other_runs_are_refused_in_one_line(dp, grid, precision, says):
-    why = refusal(dp, grid=grid, precision=precision, why_not_ulfm=None)
+    why = refusal(dp, grid=grid, precision=precision, why_not_ulfm=None, checkpoint=True)
     assert why and says in why and "\n" not in why and why.startswith(f"--dp {dp} ")
 
 

@@ -110,6 +110,11 @@ def drop_exit_banners(lines, write, keep=None) -> None:
 ENDINGS = {"MPI_ABORT was invoked on rank": 1, "ORTE has lost communication with a remote daemon": 1,
            "abort is already in progress": 1, "psrt: watchdog: ": 3}
 ABORT_GRACE_S = 5.0
+# A rank's one-line error (psrt.errors / psrt.faults): the rank aborts the job right after it.
+# Seen on its own, the job is ending too: Open MPI 4.1 has lost its MPI_ABORT notice itself
+# ("ORTE_ERROR_LOG: Data unpack would read past end of buffer ... show_help.c") and then waited
+# for ever for the daemon of a host that was gone.
+RANK_ERROR = re.compile(r"^\[rank \d+\] [\w.]+: error: ", re.M)
 
 
 class Ending:
@@ -118,6 +123,7 @@ class Ending:
     def __init__(self):
         self.at: float | None = None
         self.code = 1
+        self.error_at: float | None = None     # a rank's error line, no notice (yet)
 
     def see(self, text: str) -> None:
         if self.at is None:
@@ -127,9 +133,16 @@ class Ending:
                     found = re.search(r"errorcode (\d+)", text)
                     self.code = int(found.group(1)) if found else code
                     return
+            if self.error_at is None and RANK_ERROR.search(text):
+                self.error_at = time.monotonic()
 
     def overdue(self) -> bool:
-        return self.at is not None and time.monotonic() - self.at > ABORT_GRACE_S
+        """ABORT_GRACE_S after an abort notice; three times as long after a rank's error line
+        alone, which a launcher ending by itself (every rank refusing a usage error) leaves
+        time to exit with its own code."""
+        now = time.monotonic()
+        return ((self.at is not None and now - self.at > ABORT_GRACE_S)
+                or (self.error_at is not None and now - self.error_at > 3 * ABORT_GRACE_S))
 
 
 # Signals a launcher passes on to its job: what Ctrl-C, `kill`, `timeout` and batch

@@ -103,6 +103,20 @@ def test_a_hung_abort_is_ended_with_its_code(tmp_path, monkeypatch):
     assert code == 3 and time.monotonic() - t0 < 20
 
 
+def test_a_launcher_hung_after_a_rank_error_without_a_notice_is_ended(monkeypatch):
+    """Open MPI 4.1 can lose its own MPI_ABORT notice (an ORTE_ERROR_LOG in show_help) and then
+    wait for the daemon of a lost host: the rank's error line alone ends it, after three grace
+    periods (a launcher ending by itself keeps its own code)."""
+    monkeypatch.setattr(mpi, "ABORT_GRACE_S", 0.3)
+    script = ("import sys, time; sys.stderr.write('[rank 0] psrt.train: error: --dp ps server rank 0: no "
+              "gradient from worker rank(s) [2, 3] after 5 s\\n'); sys.stderr.flush(); time.sleep(60)")
+    t0 = time.monotonic()
+    code = mpi.run_job([sys.executable, "-c", script], dict(os.environ), quiet_exit=True)
+    assert code == 1 and 0.9 <= time.monotonic() - t0 < 20
+    quick = "import sys; sys.stderr.write('[rank 0] psrt.train: error: --lr 0: must be positive\\n'); sys.exit(2)"
+    assert mpi.run_job([sys.executable, "-c", quick], dict(os.environ), quiet_exit=True) == 2
+
+
 def _write_forever(path: str, base: int) -> None:
     k = base
     while True:

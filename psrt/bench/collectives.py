@@ -364,8 +364,7 @@ def on_device(group: Communicator):
 
     from psrt.bench import cuda
     from psrt.collectives import nccl
-    import socket
-    own_gpu = nccl.sharing(group.comm.allgather((socket.gethostname(), torch.cuda.current_device()))) is None
+    own_gpu = nccl.sharing(nccl.gpus(group.comm)) is None
 
     def rows(coll: str, names: list[str], size: int, dtype, args) -> list[Point]:
         on_gpu = measure(group, coll, cuda.device_rows(names, own_gpu), size, dtype, args.warmup,

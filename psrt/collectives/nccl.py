@@ -28,6 +28,12 @@ def sharing(where: list) -> tuple[int, int] | None:
     return None
 
 
+def gpus(comm) -> list:
+    """Every rank's (host, GPU index or None) over `comm` (collective)."""
+    gpu = torch.cuda.current_device() if torch.cuda.is_available() else None
+    return comm.allgather((socket.gethostname(), gpu))
+
+
 def group(comm):
     """torch.distributed's NCCL group over `comm`'s ranks (which must be the default group's);
     a one-line PsrtError on every rank where NCCL cannot serve them."""
@@ -35,8 +41,7 @@ def group(comm):
     if not dist.is_nccl_available():
         raise PsrtError(f"algorithm 'nccl': this torch ({torch.__version__}) is built without NCCL; "
                         "use psrt's own algorithms (ring, native, ...)", everywhere=True)
-    gpu = torch.cuda.current_device() if torch.cuda.is_available() else None
-    where = comm.allgather((socket.gethostname(), gpu))
+    where = gpus(comm)
     if any(g is None for _, g in where):
         raise PsrtError(f"algorithm 'nccl': rank {next(r for r, (_, g) in enumerate(where) if g is None)} "
                         "sees no GPU; NCCL needs one GPU per rank", everywhere=True)

@@ -75,7 +75,7 @@ class Pool:
         return self._slots[slot].view(dtype)[:n]
 
     def elements(self, dtype: torch.dtype) -> int:
-        return self.chunk_bytes // torch.empty((), dtype=dtype).element_size()
+        return self.chunk_bytes // dtype.itemsize
 
 
 class CudaLanes:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from functools import partial
 
 import torch
 
@@ -27,7 +28,7 @@ from psrt.collectives.exchange import Exchanges
 from psrt.collectives.executor import Executor, Handle
 from psrt.collectives.paths import Call
 from psrt.collectives.ready import ReadyCache
-from psrt.collectives import nccl
+from psrt.collectives import nccl, staged_plans as staged
 from psrt.collectives.algorithms import ALGORITHMS, ALL_ALGORITHMS, THROUGH_TORCH
 from psrt.collectives.layout import offsets, require_mpi_comm
 from psrt.collectives.staged import Stager
@@ -223,6 +224,10 @@ class Communicator(Exchanges):
         """Whether the algorithm can work on t's memory where it is (CPU, CUDA-aware MPI, nccl)."""
         return not t.is_cuda or algo in THROUGH_TORCH or self._staging.direct_cuda
 
+    def _staged(self, t: torch.Tensor, algo: str) -> bool:
+        """Whether a call on t runs in pieces through pinned host slots (staged_plans.py)."""
+        return not self._on_device_ok(t, algo)
+
     def _work(self, src: torch.Tensor, algo: str = "native", direct: torch.Tensor | None = None):
         """A flat buffer the algorithm can use holding src's values: `direct`'s own memory when
         it is usable, else a copy (staged to pinned host memory for CUDA without CUDA-aware MPI)."""
@@ -281,6 +286,8 @@ class Communicator(Exchanges):
         fn = _REDUCE_SCATTER[algo]
 
         def run():
+            if self._staged(t, algo):
+                return staged.reduce_scatter_call(self, t, elems, shape, op, partial(fn, self._backend_comm(algo)), out)
             flat = self._work(t, algo)
             fn(self._backend_comm(algo), flat, elems, op)
             off = offsets(elems)
@@ -303,6 +310,8 @@ class Communicator(Exchanges):
         fn = _REDUCE[algo]
 
         def run():
+            if self._staged(t, algo):
+                return staged.reduce_call(self, t, root, op, partial(fn, self._backend_comm(algo)), out)
             result = out if (out is not None and self.rank == root) else None
             flat = self._work(t, algo, direct=result)
             fn(self._backend_comm(algo), flat, root, op)
@@ -324,6 +333,8 @@ class Communicator(Exchanges):
         fn = _BROADCAST[algo]
 
         def run():
+            if self._staged(t, algo):
+                return staged.broadcast_call(self, t, root, partial(fn, self._backend_comm(algo)))
             flat = self._work(t, algo, direct=t)
             fn(self._backend_comm(algo), flat, root)
             return Staging.from_mpi(flat, t)
@@ -360,6 +371,8 @@ class Communicator(Exchanges):
         fn = _ALLGATHER[algo]
 
         def run():
+            if self._staged(t, algo):
+                return staged.allgather_call(self, t, elems, shape, partial(fn, self._backend_comm(algo)), out)
             result = out if out is not None else torch.empty(shape, dtype=t.dtype, device=t.device)
             if result.is_contiguous() and self._on_device_ok(result, algo):
                 flat = result.view(-1)

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from psrt.collectives import native
+from psrt.collectives import native, staged_plans
 from psrt.collectives.agreement import agree_pairs
 from psrt.collectives.algorithms import ALGORITHMS
 from psrt.collectives.checks import check_out
@@ -31,6 +31,9 @@ class Exchanges:
         agreed = self._verify("alltoall", dtype=t.dtype, shape=tuple(t.shape))
 
         def run():
+            if self._staged(t, "native"):
+                block = [t.numel() // self.size] * self.size
+                return staged_plans.alltoallv_call(self, t, block, block, t.shape, out)
             send = self._work(t)
             recv = torch.empty_like(send)
             native.alltoall(self.comm, send, recv)
@@ -84,6 +87,9 @@ class Exchanges:
         fn = _ALLTOALLV[algo]
 
         def run():
+            if self._staged(t, algo):
+                return staged_plans.alltoallv_call(self, t, [c * row for c in send_counts],
+                                                   [c * row for c in recv_counts], shape, out)
             # The input is only read and the output only written: MPI uses their own memory
             # where it can (no copies of a large MoE dispatch), else staged copies.
             send = t.reshape(-1) if t.is_contiguous() and self._on_device_ok(t, algo) else self._work(t)

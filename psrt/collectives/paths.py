@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from psrt.collectives import native, small
+from psrt.collectives import native, small, staged_plans
 from psrt.collectives.algorithms import THROUGH_TORCH
 from psrt.collectives.implementations import ALLREDUCE as _FUNCTIONS, READS_SOURCE
 from psrt.collectives.ready import ReadyCache
@@ -138,7 +138,8 @@ class Staged:
             if op == "avg":
                 host.div_(size)
 
-        group._stager.allreduce(t.contiguous().view(-1), dst, reduce_chunk)
+        pieces = staged_plans.allreduce(t.contiguous().view(-1), dst, group._stager.pool.elements(t.dtype), reduce_chunk)
+        group._stager.run(pieces, t.dtype, t.device, dst)
         return Staging.from_mpi(dst, result)
 
 

@@ -1,26 +1,31 @@
-"""The pipelined staging path: a CUDA all-reduce through an MPI that cannot read GPU memory.
+"""The pipelined staging path: CUDA collectives through an MPI that cannot read GPU memory.
 
 Staging the whole tensor (copy it down to the host, reduce, copy it up) leaves the copy
-engines idle while MPI runs and MPI idle while they copy.  Here the tensor moves in chunks
+engines idle while MPI runs and MPI idle while they copy.  Here the tensor moves in pieces
 through a pool of pinned host slots allocated once, and three stages overlap (the schedule
 of MVAPICH2-GDR's and Open MPI's pipelined device-to-host transfers):
 
-    copy chunk i+1 down  |  reduce chunk i across the ranks on the host  |  copy chunk i-1 up
+    copy piece i+1 down  |  piece i's MPI work across the ranks on the host  |  copy piece i-1 up
 
 The copies run on two streams of their own, one per direction, so both directions of the
-PCIe link are busy at once; one event per chunk tells the host when its chunk has arrived
-and tells the down stream when a slot's previous chunk has left it.  With three slots a slot
-is written again only once the chunk that used it three chunks before has gone back up.  The
-reduction of each chunk is the algorithm the call asked for, on the host: the copies are not
+PCIe link are busy at once; one event per copy tells the host when its piece has arrived
+and tells the down stream when a slot's previous piece has left it.  With three slots a slot
+is written again only once the piece that used it three pieces before has gone back up.  The
+MPI work of each piece is the algorithm the call asked for, on the host: the copies are not
 what limits a staged all-reduce (pinned copies run at tens of GB/s per direction; the host
 reduction between ranks is the slow stage), so the pipelined time is about the largest of
-the three stages plus one chunk's fill, the model `staged_time` states and the bench prints.
+the three stages plus one piece's fill, the model `staged_time` states and the bench prints.
 
-`run` takes its copy engine as `lanes`: `CudaLanes` on a GPU; the CPU suite drives the same
-schedule with lanes whose copies run late, only when an event is waited for, so a missing
-wait shows as a wrong sum (tests/unit/test_staged.py).
+What a piece of each collective is (a chunk of an all-reduce, columns of every rank's
+segment for a reduce-scatter, a block of an all-to-all) is in staged_plans.py; `pipeline`
+runs any list of them.  It takes its copy engine as `lanes`: `CudaLanes` on a GPU; the CPU
+suite drives the same schedule with lanes whose copies run late, only when an event is
+waited for, so a missing wait shows as a wrong result (tests/unit/test_staged.py,
+tests/mpi/ranks/staged_calls.py).
 """
 from __future__ import annotations
+
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -35,9 +40,9 @@ def chunks(numel: int, chunk: int) -> list[tuple[int, int]]:
 
 
 def schedule(n: int) -> list[tuple[str, int]]:
-    """The order in which the host issues the stages of n chunks: ('down', 0), then per chunk
-    i the next chunk's copy down, chunk i's reduction, chunk i's copy up.  While chunk i is
-    reduced, chunk i+1 goes down and chunk i-1 goes up."""
+    """The order in which the host issues the stages of n pieces: ('down', 0), then per piece
+    i the next piece's copy down, piece i's MPI work ('reduce'), piece i's copy up.  While
+    piece i is worked on, piece i+1 goes down and piece i-1 goes up."""
     order = [("down", 0)] if n else []
     for i in range(n):
         if i + 1 < n:
@@ -78,6 +83,33 @@ class Pool:
         return self.chunk_bytes // dtype.itemsize
 
 
+class Slots:
+    """Pinned host buffers of `chunk_bytes` for transfers that outlive the call that starts
+    them (a pipeline's sends, pending until the peer takes them): a slot is taken, given
+    back when its transfer is done, and reused.  A new one is made only while more are in
+    flight than ever before, so a steady schedule allocates nothing after its first steps.
+    A slot given back with an event (its copy up still running) is handed out again only
+    once that event is done."""
+
+    def __init__(self, chunk_bytes: int = CHUNK_BYTES, pin: bool | None = None):
+        self.chunk_bytes = chunk_bytes
+        self._pin = torch.cuda.is_available() if pin is None else pin
+        self._free: list[tuple] = []        # (slot, event or None, lanes that made the event)
+        self.made = 0
+
+    def take(self) -> torch.Tensor:
+        if not self._free:
+            self.made += 1
+            return torch.empty(self.chunk_bytes, dtype=torch.uint8, pin_memory=self._pin)
+        slot, event, lanes = self._free.pop()
+        if event is not None:
+            lanes.wait(event)
+        return slot
+
+    def give(self, slot: torch.Tensor, event=None, lanes=None) -> None:
+        self._free.append((slot, event, lanes))
+
+
 class CudaLanes:
     """Copies on two CUDA streams of one device, down (device to host) and up (host to
     device), made once and reused.  `begin` orders them after the work already queued on the
@@ -109,9 +141,21 @@ class CudaLanes:
     def wait(event) -> None:
         event.synchronize()
 
-    def finish(self, written: torch.Tensor) -> None:
+    def finish(self, written: torch.Tensor | None) -> None:
         self.current.wait_stream(self.streams["up"])
-        written.record_stream(self.streams["up"])   # made on the caller's stream, written on up
+        if written is not None:     # made on the caller's stream, written on up
+            written.record_stream(self.streams["up"])
+
+
+class Piece(NamedTuple):
+    """One chunk of a staged collective: what is copied into its host slot (`down`: host
+    offset, device tensor), the work done there across the ranks (`middle(slot)`, given the
+    whole slot as a flat tensor of the call's dtype), and what is copied back out (`up`:
+    device tensor, host offset).  Either copy list may be empty (a broadcast's non-roots copy
+    nothing down, a reduce's non-roots nothing up)."""
+    down: list
+    middle: Callable[[torch.Tensor], None]
+    up: list
 
 
 class Stager:
@@ -123,31 +167,39 @@ class Stager:
         self._lanes_for = lanes_for
         self._lanes: dict = {}
 
-    def allreduce(self, src: torch.Tensor, dst: torch.Tensor, reduce_chunk) -> torch.Tensor:
-        lanes = self._lanes.get(src.device)
+    def lanes(self, device: torch.device):
+        lanes = self._lanes.get(device)
         if lanes is None:
-            lanes = self._lanes[src.device] = self._lanes_for(src.device)
-        return run(src, dst, reduce_chunk, self.pool, lanes)
+            lanes = self._lanes[device] = self._lanes_for(device)
+        return lanes
+
+    def run(self, pieces: list[Piece], dtype: torch.dtype, device: torch.device, written=None) -> None:
+        pipeline(pieces, dtype, self.pool, self.lanes(device), written)
 
 
-def run(src: torch.Tensor, dst: torch.Tensor, reduce_chunk, pool: Pool, lanes) -> torch.Tensor:
-    """dst <- the all-reduce of src, both flat and contiguous on the device (dst may be src),
-    through `pool`'s host slots: `reduce_chunk(host)` reduces one chunk across the ranks in
-    place on the host.  Follows `schedule` exactly."""
-    step = pool.elements(src.dtype)
-    parts = chunks(src.numel(), step)
-    arrived, left = {}, {}          # chunk -> event: its copy down done, its copy up done
+def pipeline(pieces: list[Piece], dtype: torch.dtype, pool: Pool, lanes, written=None) -> None:
+    """Run `pieces` through `pool`'s slots, following `schedule` exactly: piece i+1's copies
+    down and piece i-1's copies up are queued around piece i's middle.  `written` (a device
+    tensor the copies up write, or None) is handed to `lanes.finish`."""
+    whole = pool.elements(dtype)
+    arrived, left = {}, {}          # piece -> event: its copies down done, its copies up done
     lanes.begin()
-    for stage, i in schedule(len(parts)):
-        start, n = parts[i]
-        host = pool.view(i % SLOTS, src.dtype, n)
+    for stage, i in schedule(len(pieces)):
+        piece, host = pieces[i], pool.view(i % SLOTS, dtype, whole)
         if stage == "down":
-            # the slot's chunk of three chunks ago must have gone up before it is written
-            arrived[i] = lanes.copy("down", host, src[start:start + n], after=left.pop(i - SLOTS, None))
+            # the slot's piece of three pieces ago must have gone up before it is written
+            event = left.pop(i - SLOTS, None)
+            for k, (at, src) in enumerate(piece.down):
+                event = lanes.copy("down", host[at:at + src.numel()], src, after=event if k == 0 else None)
+            arrived[i] = event
         elif stage == "reduce":
-            lanes.wait(arrived.pop(i))
-            reduce_chunk(host)
+            if arrived[i] is not None:
+                lanes.wait(arrived[i])
+            del arrived[i]
+            piece.middle(host)
         else:
-            left[i] = lanes.copy("up", dst[start:start + n], host)
-    lanes.finish(dst)
-    return dst
+            event = None
+            for dst, at in piece.up:
+                event = lanes.copy("up", dst, host[at:at + dst.numel()])
+            left[i] = event
+    lanes.finish(written)

@@ -29,7 +29,8 @@ def test_every_ready_call_is_exact(run_ranks, np_, segment):
     torch path, equal an exact reference (tests/mpi/ranks/ready_calls.py); at N = 3 with
     ring chunks cut into segments of 256 bytes.  In the same launch: which entry of the
     all-reduce table ran each kind of call, that an entry a program puts first runs, and
-    the staged path of CUDA all-reduces on the CPU with copies that run late.  Both paths run each algorithm's one
+    the staged path of CUDA all-reduces and of every other collective on the CPU with copies
+    that run late.  Both paths run each algorithm's one
     schedule (psrt/collectives/schedule.py); the matrix above checks each against the NumPy
     reference and the MPI library on odd and even rank counts, in dtypes of both paths."""
     env = {"PSRT_RING_SEGMENT": segment} if segment else None
@@ -41,6 +42,11 @@ def test_every_ready_call_is_exact(run_ranks, np_, segment):
         # algorithms x cases x (2 communicators x 3 repeats x 4 ways of calling + the torch path)
         # + the staged path: algorithms x sizes x (float32, bfloat16: 3 ops; int64: 2)
         assert rec["checked"] == 5 * (4 * 3 * 2 + 1) * (2 * 3 * 4 + 1) + 7 * 4 * (3 + 3 + 2)
+        # the other collectives staged, per dtype: 4 reduce-scatter algorithms x ops x 2 ways,
+        # 4 all-gathers, per root 4 broadcasts and 3 reduces x ops, 5 exchanges (float32 and
+        # bfloat16 with 3 ops, int64 with 2)
+        per_dtype = lambda ops: 4 * ops * 2 + 4 + np_ * (4 + 3 * ops) + 5  # noqa: E731
+        assert rec["staged_calls"] == 2 * per_dtype(3) + per_dtype(2), rec
         # buffers reduced again were made ready in place (bounded: the oldest are let go)
         assert all(b > 0 for b in rec["bound"]), rec
         # the all-reduce table's entry of each kind of call, and one put first by the program

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from psrt.collectives import staged
+from psrt.collectives import staged, staged_plans
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "mpi" / "ranks"))
 from late_lanes import LateLanes  # noqa: E402
@@ -50,7 +50,8 @@ def test_the_schedule_with_late_copies_reduces_every_chunk_once(dtype, numel):
             host.mul_(3)           # what a sum over three ranks holding the same chunk gives
 
         lanes = LateLanes()
-        staged.run(x, dst, reduce_chunk, pool, lanes)
+        pieces = staged_plans.allreduce(x, dst, pool.elements(dtype), reduce_chunk)
+        staged.pipeline(pieces, dtype, pool, lanes, dst)
         assert torch.equal(dst, src * 3)
         per = 64 // src.element_size()
         assert seen == [n for _, n in staged.chunks(numel, per)]
@@ -60,9 +61,49 @@ def test_the_schedule_with_late_copies_reduces_every_chunk_once(dtype, numel):
 def test_the_pool_is_allocated_once():
     pool = staged.Pool(chunk_bytes=64, pin=False)
     first = [pool.view(s, torch.float32, 16).data_ptr() for s in range(staged.SLOTS)]
-    staged.run(torch.ones(100), torch.empty(100), lambda h: None, pool, LateLanes())
+    pieces = staged_plans.allreduce(torch.ones(100), torch.empty(100), 16, lambda h: None)
+    staged.pipeline(pieces, torch.float32, pool, LateLanes())
     assert [pool.view(s, torch.bfloat16, 3).data_ptr() for s in range(staged.SLOTS)] == first
     assert pool.elements(torch.float64) == 8
+
+
+def test_columns_cut_every_segment_in_slot_sized_pieces():
+    # 3 ranks, 12 elements a slot: 4 columns of each segment per piece
+    pieces = staged_plans.columns([10, 0, 5], 12)
+    assert pieces == [(0, [4, 0, 4]), (4, [4, 0, 1]), (8, [2, 0, 0])]
+    assert staged_plans.columns([0, 0], 12) == []
+    # a slot smaller than the ranks still moves one column a piece
+    assert staged_plans.columns([2, 1, 2], 2) == [(0, [1, 1, 1]), (1, [1, 0, 1])]
+
+
+class _Counter:
+    """Records the all-to-all's messages instead of sending them."""
+    def __init__(self, rank, size):
+        self.rank, self.size, self.sent, self.expected = rank, size, {}, {}
+
+
+def test_every_alltoall_message_is_one_its_receiver_expects():
+    """Each rank's pieces post, per peer, exactly as many messages as that peer's pieces
+    expect from it, however the block sizes compare with half a slot."""
+    import random
+    rng = random.Random(3)
+    for n in (2, 3, 5):
+        counts = [[rng.choice([0, 1, 7, 8, 9, 30]) for _ in range(n)] for _ in range(n)]  # counts[a][b]: a -> b
+        sent, expected = {}, {}
+        for r in range(n):
+            send = torch.zeros(sum(counts[r]))
+            recv_counts = [counts[j][r] for j in range(n)]
+            recv = torch.zeros(sum(recv_counts))
+            pieces = staged_plans.alltoallv(_Counter(r, n), send, counts[r], recv, recv_counts, per=16)
+            for p in pieces:
+                to, s, frm, g = p.middle.to, p.middle.s, p.middle.frm, p.middle.g
+                sent[(r, to)] = sent.get((r, to), 0) + (s > 0)
+                expected[(frm, r)] = expected.get((frm, r), 0) + (g > 0)
+                assert sum(x.numel() for _, x in p.down) == s <= 8 and sum(x.numel() for x, _ in p.up) == g <= 8
+        for a in range(n):
+            for b in range(n):
+                if a != b:
+                    assert sent.get((a, b), 0) == expected.get((a, b), 0) == -(-counts[a][b] // 8)
 
 
 def test_the_model_is_the_slowest_stage_plus_one_chunk_through_the_others():
@@ -95,3 +136,22 @@ def test_the_gpu_bench_puts_each_staged_row_beside_its_model_and_torch():
     assert "model_us" not in direct[0]          # a CUDA-aware MPI stages nothing
     assert cuda.device_rows(["ring", "nccl", "torch"], own_gpu=False) == ["ring", "torch"]
     assert cuda.host_rows(["ring", "auto", "torch", "nccl", "native"]) == ["ring", "native"]
+
+
+def test_a_slot_comes_back_only_once_its_copy_up_has_run():
+    """A pipeline receive gives its slots back with the event of their copy up; the next
+    taker must not write a slot whose data is still on its way up."""
+    slots = staged.Slots(chunk_bytes=16, pin=False)
+    lanes = LateLanes()
+    first = slots.take()
+    first.view(torch.float32)[:] = 7
+    out = torch.zeros(4)
+    slots.give(first, lanes.copy("up", out, first.view(torch.float32)), lanes)
+    assert torch.equal(out, torch.zeros(4))          # the copy has not run yet
+    again = slots.take()
+    assert again.data_ptr() == first.data_ptr() and slots.made == 1
+    assert torch.equal(out, torch.full((4,), 7.0))   # taking it ran the copy first
+    slots.give(again)
+    slots.take()
+    slots.take()
+    assert slots.made == 2                           # a second one only while two are out

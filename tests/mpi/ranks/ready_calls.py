@@ -12,7 +12,8 @@ the torch path).  Inputs are small integers, so every order of reduction gives t
 
 The staged path of CUDA all-reduces (psrt/collectives/staged.py) on the CPU, its copy lanes
 running every copy late (late_lanes.py): every algorithm, dtype, op, a partial last chunk, no
-elements, non-contiguous input and output, against the same reference.
+elements, non-contiguous input and output, against the same reference; and every other
+collective's staged path against the same call unstaged (staged_calls.py).
 
 Then which entry of the all-reduce table (psrt/collectives/paths.py) ran each kind of call, as
 the trace names it, and that an entry put first in a Communicator's table runs the calls it
@@ -30,6 +31,7 @@ from psrt.collectives.algorithms import THROUGH_TORCH
 from psrt.collectives.implementations import ALLREDUCE
 from psrt.collectives.staged import Pool, Stager
 from late_lanes import LateLanes
+import staged_calls
 
 world = psrt.init()
 comm = world.comm
@@ -95,6 +97,8 @@ for algo in (a for a in ALLREDUCE if a not in THROUGH_TORCH):
                 if not (got is out and torch.allclose(got.double(), want.double(), rtol=1e-2)):
                     failures.append(f"staged {algo} n={numel} {op} {dtype}")
 staged.close()
+staged_failures, staged_checked = staged_calls.check(comm)
+failures += staged_failures
 
 
 class Counted:
@@ -132,6 +136,6 @@ traced.close()
 bound = [len(group._ready.bound) for group in groups]
 for group in groups:
     group.close()
-print("PSRT-RESULT " + json.dumps({"rank": r, "failures": failures, "checked": checked, "bound": bound,
+print("PSRT-RESULT " + json.dumps({"rank": r, "failures": failures, "checked": checked, "staged_calls": staged_checked, "bound": bound,
                                    "paths": ran_paths, "counted": counted.ran, "state": list(state)}),
       flush=True)

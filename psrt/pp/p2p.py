@@ -8,8 +8,13 @@ with no separate handshake.  Sends are non-blocking (Isend), so two neighbours t
 send before they receive cannot deadlock, and a receive polls with a deadline, so a missing
 peer becomes an error naming it instead of a hang.
 
-CUDA tensors go to MPI directly when it is CUDA-aware, else through a fresh host copy (a
-pending send needs its own buffer; the cached staging buffers are reused too early).
+The payload travels as messages of at most one host slot (4 MiB) each, in order.  CUDA
+tensors go to MPI directly when it is CUDA-aware; otherwise they are staged through pinned
+host slots (collectives/staged.py `Slots`), taken from a pool that grows only to the largest
+number in flight and is reused after that, and moved in pieces so that copies and transfers
+overlap: a send copies piece i+1 down on a copy stream while piece i is already on its way;
+a receive copies piece i up while piece i+1 still arrives.  A send's slots go back to the
+pool when its transfer is done, a receive's once their copy up has run.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import torch
 
 from psrt import env
 from psrt.collectives.p2p import poll
+from psrt.collectives.staged import Slots, Stager, chunks
 from psrt.errors import PsrtError
 from psrt.trace import OFF, Tracer
 from psrt.transport import SUPPORTED_DTYPES, Staging, check_dtype, msg
@@ -66,7 +72,9 @@ class P2P:
         # communicators fall back to the smallest value the standard allows.
         self.tag_ub = comm.Get_attr(MPI.TAG_UB) or 32767
         self._staging = staging or Staging()
-        self._pending: list[tuple] = []      # (request, buffers kept alive until it completes)
+        self._stager = Stager()              # the copy streams of each GPU
+        self._slots = Slots()                # pinned host slots of staged payloads
+        self._pending: list[tuple] = []      # (requests, buffers kept alive, slots to give back)
         self._local: dict[int, torch.Tensor] = {}
         self.bytes_sent = 0
 
@@ -84,13 +92,14 @@ class P2P:
             return
         t0 = self.tracer.clock()
         header = encode_header(t)
-        if t.is_cuda and self._staging.direct_cuda:
-            torch.cuda.current_stream(t.device).synchronize()
-            payload = t.contiguous()
+        payload = t.contiguous().view(-1)
+        reqs = [self.comm.Isend(header, dest, tag)]
+        if self._staged(payload.device):
+            slots = self._send_staged(payload, dest, tag, reqs)
         else:
-            payload = t.to("cpu").contiguous()
-        reqs = [self.comm.Isend(header, dest, tag), self.comm.Isend(msg(payload), dest, tag)]
-        self._pending.append((reqs, header, payload))
+            slots = []
+            reqs += [self.comm.Isend(msg(payload[s:s + n]), dest, tag) for s, n in self._pieces(payload)]
+        self._pending.append((reqs, (header, payload), slots))
         nbytes = payload.numel() * payload.element_size()
         self.bytes_sent += nbytes
         self._reap()
@@ -109,14 +118,54 @@ class P2P:
         header = np.empty(_HEADER, dtype=np.int64)
         message.Recv(header)
         dtype, shape = decode_header(header)
-        device = torch.device(device)
-        on_device = device.type == "cuda" and self._staging.direct_cuda
-        buf = torch.empty(shape, dtype=dtype, device=device if on_device else "cpu")
-        self.comm.Recv(msg(buf), source, tag)
+        buf = torch.empty(shape, dtype=dtype, device=device)
+        if self._staged(buf.device):
+            self._recv_staged(buf.view(-1), source, tag)
+        else:
+            for s, n in self._pieces(buf.view(-1)):
+                self.comm.Recv(msg(buf.view(-1)[s:s + n]), source, tag)
         if self.tracer.on:
             self.tracer.add("recv", "comm", t0, self.tracer.clock(), peer=source, tag=tag,
                             bytes=buf.numel() * buf.element_size())
-        return buf if buf.device == device else buf.to(device)
+        return buf
+
+    # ------------------------------------------------------------ payloads in pieces
+    def _staged(self, device: torch.device) -> bool:
+        """Whether a payload on `device` moves through pinned host slots."""
+        return device.type == "cuda" and not self._staging.direct_cuda
+
+    def _pieces(self, flat: torch.Tensor) -> list[tuple[int, int]]:
+        """(start, length) of each message of a payload: at most one slot each, so that
+        both ends, staged or not, cut it the same way."""
+        return chunks(flat.numel(), max(1, self._slots.chunk_bytes // flat.element_size()))
+
+    def _send_staged(self, flat: torch.Tensor, dest: int, tag: int, reqs: list) -> list:
+        """Queue every piece's copy down, then send each as soon as its copy is done (the
+        next copies run meanwhile); returns the slots, given back when the sends are done."""
+        lanes = self._stager.lanes(flat.device)
+        lanes.begin()
+        slots, copied = [], []
+        for s, n in self._pieces(flat):
+            slots.append(self._slots.take())
+            host = slots[-1].view(flat.dtype)[:n]
+            copied.append((host, lanes.copy("down", host, flat[s:s + n])))
+        for host, event in copied:
+            lanes.wait(event)
+            reqs.append(self.comm.Isend(msg(host), dest, tag))
+        return slots
+
+    def _recv_staged(self, flat: torch.Tensor, source: int, tag: int) -> None:
+        """Receive every piece into a slot at once, and copy each up as soon as it is in."""
+        lanes = self._stager.lanes(flat.device)
+        lanes.begin()
+        parts = self._pieces(flat)
+        slots = [self._slots.take() for _ in parts]
+        hosts = [slot.view(flat.dtype)[:n] for slot, (_, n) in zip(slots, parts)]
+        reqs = [self.comm.Irecv(msg(host), source, tag) for host in hosts]
+        for (s, n), slot, host, req in zip(parts, slots, hosts, reqs):
+            req.Wait()
+            self._slots.give(slot, lanes.copy("up", flat[s:s + n], host), lanes)
+        lanes.finish(flat)
 
     def _probe(self, source: int, tag: int, what: str):
         def arrived():
@@ -127,7 +176,14 @@ class P2P:
             f"{self.timeout_s:g} s (did it fail or run a different schedule?)"))
 
     def _reap(self) -> None:
-        self._pending = [p for p in self._pending if not self._mpi.Request.Testall(p[0])]
+        still = []
+        for pending in self._pending:
+            if self._mpi.Request.Testall(pending[0]):
+                for slot in pending[2]:
+                    self._slots.give(slot)
+            else:
+                still.append(pending)
+        self._pending = still
 
     def wait_all(self) -> None:
         """Finish every pending send (with the same deadline as a receive)."""

@@ -4,7 +4,10 @@ For p in {1, 2, 4} pipeline ranks (sub-communicators of the world), each schedul
 m in {1, p, 2p+1} micro-batches, the pipeline's loss and every local parameter's gradient
 are compared with the same model run whole in this process.  Blocks change width from one
 to the next and micro-batches have uneven sizes, so activation shapes vary between stages
-and between micro-batches.  Prints one PSRT-RESULT line per rank.
+and between micro-batches.  For p > 1, 1F1B and interleaved also run with the payloads staged
+as CUDA ones are without a CUDA-aware MPI (psrt/pp/p2p.py), through 64-byte host slots with
+copies that run late (late_lanes.py), and every slot must be back in the pool after the
+step.  Prints one PSRT-RESULT line per rank.
 """
 import copy
 import json
@@ -14,7 +17,9 @@ from torch import nn
 
 import psrt
 from psrt.errors import PsrtError
+from psrt.collectives.staged import Slots, Stager
 from psrt.pp import PipelineRuntime, build_stages, make_schedule, split_batch
+from late_lanes import LateLanes
 
 WIDTHS = [6, 16, 12, 20, 10, 14, 8, 12, 5]   # 8 blocks; 5 classes
 RTOL, ATOL = 1e-5, 4e-5
@@ -26,7 +31,7 @@ def blocks(seed: int):
     return out + [nn.Linear(WIDTHS[-2], WIDTHS[-1])]
 
 
-def case(comm, name: str, m: int, v: int, seed: int) -> dict:
+def case(comm, name: str, m: int, v: int, seed: int, staged: bool = False) -> dict:
     p, r = comm.Get_size(), comm.Get_rank()
     torch.manual_seed(100 + seed)
     x = torch.randn(2 * m + 1, WIDTHS[0])          # uneven micro-batch sizes for m > 1
@@ -39,9 +44,15 @@ def case(comm, name: str, m: int, v: int, seed: int) -> dict:
     mine = copy.deepcopy(ref)
     stages = build_stages(mine, sched.num_stages, sched.stages_of(r))
     rt = PipelineRuntime(stages, sched, comm, nn.functional.cross_entropy, timeout_s=60)
+    if staged:      # the CUDA staging path on the CPU: 64-byte slots, copies that run late
+        rt.p2p._staged = lambda device: True
+        rt.p2p._stager = Stager(lanes_for=LateLanes)
+        rt.p2p._slots = Slots(chunk_bytes=64, pin=False)
     xs, ys, w = split_batch(x, y, m)
     stats = rt.step(xs, ys, w)
     errors = []
+    if staged and len(rt.p2p._slots._free) != rt.p2p._slots.made:
+        errors.append(f"{rt.p2p._slots.made - len(rt.p2p._slots._free)} of {rt.p2p._slots.made} slots not given back")
     if abs(stats.loss - loss_ref.item()) > ATOL + RTOL * abs(loss_ref.item()):
         errors.append(f"loss {stats.loss} != {loss_ref.item()}")
     checked = 0
@@ -56,7 +67,8 @@ def case(comm, name: str, m: int, v: int, seed: int) -> dict:
             if pa.grad is None or not torch.allclose(pa.grad, pb.grad, rtol=RTOL, atol=ATOL):
                 diff = None if pa.grad is None else (pa.grad - pb.grad).abs().max().item()
                 errors.append(f"block {i} {pn}: max diff {diff}")
-    return {"schedule": name, "p": p, "m": m, "v": v, "checked": checked, "errors": errors,
+    return {"schedule": name, "p": p, "m": m, "v": v, "checked": checked, "errors": errors, "staged": staged,
+            "slots": rt.p2p._slots.made, "sent": stats.bytes_sent,
             "peak_live": stats.peak_live_microbatches, "peak_bytes": stats.peak_activation_bytes}
 
 
@@ -87,6 +99,8 @@ def main():
         for name, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2)):
             for m in sorted({1, p, 2 * p + 1}):
                 results.append(case(comm, name, m, v, seed=len(results)))
+            if p > 1 and name != "gpipe":
+                results.append(case(comm, name, 2 * p + 1, v, seed=len(results), staged=True))
         comm.Free()
     for r in results:   # one short line per case: mpirun may interleave long lines
         print("PSRT-RESULT " + json.dumps(dict(r, rank=world.rank)), flush=True)

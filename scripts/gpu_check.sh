@@ -40,8 +40,9 @@ DPS=ps,ring,zero3,torch
 row cpu $DPS >"$OUTDIR/cpu.txt"
 row cuda $DPS >"$OUTDIR/cuda.txt"
 
-# 3. the CUDA all-reduce: staged (or CUDA-aware) psrt beside torch.distributed and the model
-timeout 150 mpirun -np 2 --bind-to none "$PY" -m psrt.bench collectives --device cuda \
+# 3. CUDA collectives: staged (or CUDA-aware) psrt beside torch.distributed and the model
+timeout 200 mpirun -np 2 --bind-to none "$PY" -m psrt.bench collectives --device cuda \
+    --collective allreduce,reduce_scatter,allgather \
     --sizes 1MiB,16MiB,64MiB --algorithms ring,native,auto,torch --repeats 3 --warmup 1 \
     >"$OUTDIR/bench.txt" 2>>"$LOG" || echo "gpu bench failed" >>"$OUTDIR/bench.txt"
 # 4. torch DDP on psrt's backend vs on gloo, a 25M-parameter MLP (100 MiB of gradients) on the GPU

@@ -76,23 +76,25 @@ def synchronised(call):
 
 
 def add_models(rows: list[dict], gpu: Gpu) -> None:
-    """`model_us` and `vs_model` on each staged row (the host row of its algorithm and size
-    measured; one chunk's host time taken as that row's time per byte), and `vs_torch` on
-    every CUDA row beside the torch row of its size."""
+    """`model_us` and `vs_model` on each staged row (the host row of its collective, algorithm
+    and size measured; one piece's host time taken as that row's time per byte: the same
+    three-stage pipeline serves every collective), and `vs_torch` on every CUDA row beside
+    the torch row of its collective and size."""
     from psrt.collectives.staged import staged_time
-    host = {(r["algorithm"][len(HOST):], r["nbytes"]): r["time_us"] / 1e6
-            for r in rows if r["algorithm"].startswith(HOST)}
-    peer = {r["nbytes"]: r["time_us"] for r in rows if r["algorithm"] == "torch"}
+    def key(r, algorithm=None):
+        return r.get("collective", "allreduce"), algorithm or r["algorithm"], r["nbytes"]
+    host = {key(r, r["algorithm"][len(HOST):]): r["time_us"] / 1e6 for r in rows if r["algorithm"].startswith(HOST)}
+    peer = {key(r): r["time_us"] for r in rows if r["algorithm"] == "torch"}
     for r in rows:
         if r["algorithm"].startswith(HOST):
             continue
-        t_host = host.get((r["algorithm"], r["nbytes"]))
+        t_host = host.get(key(r))
         if gpu.staged and t_host is not None:
             per_byte = t_host / r["nbytes"]
             model = staged_time(r["nbytes"], gpu.down_bps, gpu.up_bps, lambda b: per_byte * b) * 1e6
             r["model_us"], r["vs_model"] = model, r["time_us"] / model
-        if peer.get(r["nbytes"]):
-            r["vs_torch"] = r["time_us"] / peer[r["nbytes"]]
+        if peer.get(key(r, "torch")):
+            r["vs_torch"] = r["time_us"] / peer[key(r, "torch")]
 
 
 COLUMNS = [("model_us", "model(us)", ".1f"), ("vs_model", "x model", ".2f"), ("vs_torch", "x torch", ".2f")]

@@ -125,8 +125,13 @@ def test_the_gpu_bench_puts_each_staged_row_beside_its_model_and_torch():
             {"algorithm": "host:ring", "nbytes": 16 * mib, "time_us": 25_000.0},
             {"algorithm": "torch", "nbytes": 16 * mib, "time_us": 40_000.0},
             {"algorithm": "auto", "nbytes": 16 * mib, "time_us": 20_000.0}]
+    # another collective of the same size is compared with its own host and torch rows
+    other = [dict(r, collective="reduce_scatter", time_us=r["time_us"] / 2) for r in rows]
+    rows = [dict(r, collective="allreduce") for r in rows] + other
     cuda.add_models(rows, gpu)
-    ring, host, peer, auto = rows
+    ring, host, peer, auto = rows[:4]
+    assert rows[4]["vs_model"] == pytest.approx(15_000.0 / (12_500.0 + 2 * (4 * mib / 50e9) * 1e6))
+    assert rows[4]["vs_torch"] == pytest.approx(0.75)
     want = 25_000.0 + 2 * (4 * mib / 50e9) * 1e6     # the host stage, plus one chunk down and up
     assert ring["model_us"] == pytest.approx(want) and ring["vs_model"] == pytest.approx(30_000.0 / want)
     assert ring["vs_torch"] == pytest.approx(0.75) and auto["vs_torch"] == pytest.approx(0.5)

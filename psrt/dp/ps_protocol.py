@@ -99,6 +99,9 @@ class FlatParams:
             if s < e:
                 yield p, s - a, s - lo, e - s
 
+    # Between a GPU model and the pinned wire, each parameter's copy is queued without a
+    # wait (non_blocking) and the stream is synchronised once at the end, instead of once per
+    # parameter; the wire is only handed to MPI, or written by it, after that wait.
     def grads_into(self, out: torch.Tensor, lo: int = 0, hi: int | None = None) -> None:
         """out <- flat gradient [lo, hi); a parameter without a gradient counts as zeros."""
         hi = self.numel if hi is None else hi
@@ -106,19 +109,27 @@ class FlatParams:
             if p.grad is None:
                 out[os_:os_ + n].zero_()
             else:
-                out[os_:os_ + n].copy_(p.grad.detach().reshape(-1)[ps:ps + n])
+                out[os_:os_ + n].copy_(p.grad.detach().reshape(-1)[ps:ps + n], non_blocking=True)
+        self._copied()
 
     def params_into(self, out: torch.Tensor, lo: int = 0, hi: int | None = None) -> None:
         hi = self.numel if hi is None else hi
         for p, ps, os_, n in self._pieces(lo, hi):
-            out[os_:os_ + n].copy_(p.detach().reshape(-1)[ps:ps + n])
+            out[os_:os_ + n].copy_(p.detach().reshape(-1)[ps:ps + n], non_blocking=True)
+        self._copied()
 
     @torch.no_grad()
     def load(self, src: torch.Tensor, lo: int = 0, hi: int | None = None) -> None:
         """Flat parameters [lo, hi) <- src."""
         hi = self.numel if hi is None else hi
         for p, ps, os_, n in self._pieces(lo, hi):
-            p.view(-1)[ps:ps + n].copy_(src[os_:os_ + n])
+            p.view(-1)[ps:ps + n].copy_(src[os_:os_ + n], non_blocking=True)
+        self._copied()
+
+    def _copied(self) -> None:
+        """Wait once for the copies queued to or from a GPU model."""
+        if self.params[0].is_cuda:
+            torch.cuda.current_stream(self.params[0].device).synchronize()
 
 
 def fill_push(wire: Wire, step: int, loss: float, scaler) -> None:

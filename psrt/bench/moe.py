@@ -31,23 +31,30 @@ def add_arguments(p) -> None:
     p.add_argument("--steps", type=int, default=5, help="training steps per model (0: no step comparison)")
     p.add_argument("--capacity-factor", type=float, default=1.25,
                    help="expert capacity factor of the MoE steps (padded dispatch sends all of it)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
+                   help="where the exchanged tensors and the models live (cuda: GPU local_rank %% device_count; "
+                        "without a CUDA-aware MPI the exchange is staged through host memory)")
     p.add_argument("--json", help="write the rows as JSON")
     p.add_argument("--quiet", action="store_true")
 
 
-def time_alltoall(group, nbytes: int, algorithm: str, repeats: int, calls: int = 4) -> float:
+def time_alltoall(group, nbytes: int, algorithm: str, repeats: int, calls: int = 4, device="cpu") -> float:
     """Median over repeats of the slowest rank's mean time of `calls` back-to-back alltoallvs
     of nbytes per rank (back to back: a TCP connection left idle restarts slowly)."""
     import torch
     p = group.size
     rows = max(nbytes // 4 // p, 1)
-    x, out = torch.ones(rows * p), torch.empty(rows * p)
+    x, out = torch.ones(rows * p, device=device), torch.empty(rows * p, device=device)
     counts = [rows] * p
-    return timing.timed(group.comm, lambda: group.alltoallv(x, counts, counts, out=out, algorithm=algorithm),
-                        repeats, warmup=calls, per_round=calls).median
+
+    def call():
+        group.alltoallv(x, counts, counts, out=out, algorithm=algorithm)
+        if x.is_cuda:         # done when the GPU has the result, not when the host is
+            torch.cuda.synchronize(x.device)
+    return timing.timed(group.comm, call, repeats, warmup=calls, per_round=calls).median
 
 
-def time_steps(group, nbytes: int, repeats: int, calls: int = 4) -> list[float]:
+def time_steps(group, nbytes: int, repeats: int, calls: int = 4, device="cpu") -> list[float]:
     """Each step k = 1..EP-1 of the pairwise exchange timed alone (every group at once, as in
     the exchange): median over repeats of the slowest rank's mean of `calls` back-to-back
     steps.  Their sum beside the whole exchange says whether the steps cost more together
@@ -57,14 +64,14 @@ def time_steps(group, nbytes: int, repeats: int, calls: int = 4) -> list[float]:
     from psrt.collectives.layout import offsets
     p = group.size
     rows = max(nbytes // 4 // p, 1)
-    x, out = torch.ones(rows * p), torch.empty(rows * p)
+    x, out = torch.ones(rows * p, device=device), torch.empty(rows * p, device=device)
     off = offsets([rows] * p)
     return [timing.timed(group.comm, lambda k=k: alltoall.step(group.comm, k, x, off, out, off), repeats,
                          warmup=calls, per_round=calls).median for k in range(1, p)]
 
 
 def step_time(world, grid, name: str, steps: int, dispatch: str = "variable",
-              capacity_factor: float = 1.25) -> tuple[float, float]:
+              capacity_factor: float = 1.25, device="cpu") -> tuple[float, float]:
     """(mean step, mean all-to-all bytes per rank and step) of `name` (dense transformer or
     moe, with this dispatch shape) on the same data, slowest rank."""
     import torch
@@ -78,13 +85,14 @@ def step_time(world, grid, name: str, steps: int, dispatch: str = "variable",
                                                "dispatch": dispatch} if name == "moe" else {}))
     for layer in moe_layers(model):
         layer.shard(grid.ep_group, grid.dp_group, algorithm="pairwise")
+    model.to(device)
     trainer = MoETrainer(model, lambda ps: torch.optim.SGD(ps, lr=0.1), grid, algorithm="ring")
     g = torch.Generator().manual_seed(1 + world.rank)
     batches = [torch.randint(len(data), (8,), generator=g) for _ in range(steps + 1)]
     sent = []
 
     def step(idx):
-        stats = trainer.step(lambda mb: loss_and_correct(model, mb, "lm")[0], [(data.train_x[idx], data.train_y[idx])])
+        stats = trainer.step(lambda mb: loss_and_correct(model, mb, "lm")[0], [(data.train_x[idx].to(device), data.train_y[idx].to(device))])
         sent.append(stats.extra.get("a2a_bytes", 0))
     t = timing.timed(world.comm, timing.cycling(batches, step), steps, warmup=1)
     return t.mean, statistics.mean(world.comm.allgather(statistics.mean(sent[1:])))
@@ -109,27 +117,34 @@ def command(args) -> int:
     sizes = check(args)
     world = psrt.init()
     report.need(world.size >= 2, "bench moe needs at least 2 ranks (mpirun -np 2 ...)")
+    from psrt.dp.device import pick
+    device = pick(args.device, world.local_rank)
     ctl = world.comm.Dup()
     link = prediction.measure(world, ctl)
-    rows = measure_exchange(world, sizes, args.repeats)
-    steps, a2a = measure_steps(world, args.steps, args.capacity_factor) if args.steps else ({}, {})
+    rows = measure_exchange(world, sizes, args.repeats, device)
+    steps, a2a = measure_steps(world, args.steps, args.capacity_factor, device) if args.steps else ({}, {})
     ctl.Free()
     if world.rank != 0:
         return 0
     add_ratios(rows, link, world.size)
     if not args.quiet:
+        print(f"# tensors on {device}")
         print_exchange(rows, link, world.size)
         if steps:
             print_steps(steps, a2a, args.capacity_factor, world.size)
     if args.json:
         report.write_json(args.json, {"meta": {"world_size": world.size, "capacity_factor": args.capacity_factor,
+                                               "device": str(device),
                                                "link": link and {k: v for k, v in link.items() if k != "host_of"}},
                                       "rows": rows, "steps": steps, "a2a_bytes": a2a})
     return 0
 
 
-def measure_exchange(world, sizes: list[int], repeats: int) -> list[dict]:
-    """Both all-to-alls and the pairwise exchange's steps alone, per EP dividing N and size."""
+def measure_exchange(world, sizes: list[int], repeats: int, device="cpu") -> list[dict]:
+    """Both all-to-alls and the pairwise exchange's steps alone, per EP dividing N and size.
+    The steps alone hand the tensors to MPI as they are: on a GPU, only with a CUDA-aware MPI."""
+    import torch
+    from psrt.transport import cuda_aware
     from psrt.grid import Grid
     from psrt.train.report import fmt_bytes
     rows = []
@@ -138,23 +153,24 @@ def measure_exchange(world, sizes: list[int], repeats: int) -> list[dict]:
         for m in sizes:
             row = {"ep": ep, "size": fmt_bytes(m), "nbytes": m}
             for algo in ("pairwise", "native"):
-                row[algo] = time_alltoall(grid.ep_group, m, algo, repeats)
-            row["steps_s"] = time_steps(grid.ep_group, m, repeats)
+                row[algo] = time_alltoall(grid.ep_group, m, algo, repeats, device=device)
+            steps_alone = torch.device(device).type == "cpu" or cuda_aware()
+            row["steps_s"] = time_steps(grid.ep_group, m, repeats, device=device) if steps_alone else []
             rows.append(row)
         grid.free()
     return rows
 
 
-def measure_steps(world, count: int, capacity_factor: float) -> tuple[dict, dict]:
+def measure_steps(world, count: int, capacity_factor: float, device="cpu") -> tuple[dict, dict]:
     """({model: step s}, {model: all-to-all bytes per rank and step}): dense against MoE,
     EP = N, MoE with each dispatch shape."""
     from psrt.grid import Grid
     steps, a2a = {}, {}
     grid = Grid.build(world.comm, ep=world.size)
-    steps["transformer"], _ = step_time(world, grid, "transformer", count)
+    steps["transformer"], _ = step_time(world, grid, "transformer", count, device=device)
     for dispatch in DISPATCH:
         key = "moe" if dispatch == "variable" else f"moe {dispatch}"
-        steps[key], a2a[key] = step_time(world, grid, "moe", count, dispatch, capacity_factor)
+        steps[key], a2a[key] = step_time(world, grid, "moe", count, dispatch, capacity_factor, device)
     grid.free()
     return steps, a2a
 
@@ -191,7 +207,7 @@ def print_exchange(rows: list[dict], link: dict | None, n: int) -> None:
     report.table(rows, cols + [("pairwise_vs_native", "x native", ".2f")])
     print("# the pairwise exchange's steps timed one at a time (ms), beside their sum and the whole exchange"
           + ("" if link is None else "; one step alone by the ping-pong fit: alpha + beta x size/EP"))
-    for r in rows:
+    for r in (r for r in rows if r["steps_s"]):
         alone = "" if link is None else \
             f"; ping-pong fit {(link['alpha_s'] + r['nbytes'] / r['ep'] * link['beta_s_per_byte']) * 1e3:.2f}"
         print(f"  EP {r['ep']} {r['size']}: steps " + ", ".join(f"{t * 1e3:.2f}" for t in r["steps_s"])

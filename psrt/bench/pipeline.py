@@ -1,6 +1,6 @@
 """Model-parallel measurements next to their theory, in well under a minute.
 
-    ./mpi_launch -np 4 python -m psrt.bench pipeline [--json FILE]
+    ./mpi_launch -np 4 python -m psrt.bench pipeline [--device cuda] [--json FILE]
 
 1. Pipeline bubble per schedule.  Stages do fixed-duration work (a sleep of t_f forward and
    2 t_f backward, split over the virtual stages), so the figure measures the schedule and
@@ -52,16 +52,17 @@ class SleepStage(nn.Module):
 
 
 def bubble(comm, schedules=(("gpipe", 1), ("1f1b", 1), ("interleaved", 2)), microbatches=(4, 8),
-           t_f: float = 0.03) -> list[dict]:
-    """Measured idle share per schedule and micro-batch count, with the theory beside it."""
+           t_f: float = 0.03, device=torch.device("cpu")) -> list[dict]:
+    """Measured idle share per schedule and micro-batch count, with the theory beside it
+    (activations on `device`: on a GPU they travel as CUDA tensors do, psrt/pp/p2p.py)."""
     p = comm.Get_size()
     rows = []
     for name, v in schedules:
         for m in microbatches:
             sched = make_schedule(name, p, m, v)
             stages = {s: SleepStage(t_f / v, 2 * t_f / v) for s in sched.stages_of(comm.Get_rank())}
-            rt = PipelineRuntime(stages, sched, comm, lambda y, t: (y * t).sum(), timeout_s=60)
-            x = [torch.ones(4, requires_grad=True) for _ in range(m)]
+            rt = PipelineRuntime(stages, sched, comm, lambda y, t: (y * t).sum(), device=device, timeout_s=60)
+            x = [torch.ones(4, device=device, requires_grad=True) for _ in range(m)]
             stats = []
             # one warm-up step (first messages, allocation), then one timed step
             makespan = timing.timed(comm, lambda: stats.append(rt.step(x, x)), 1, warmup=1).median
@@ -76,7 +77,8 @@ def bubble(comm, schedules=(("gpipe", 1), ("1f1b", 1), ("interleaved", 2)), micr
     return rows
 
 
-def activation_memory(comm, m: int = 8, rows: int = 32, width: int = 256) -> list[dict]:
+def activation_memory(comm, m: int = 8, rows: int = 32, width: int = 256,
+                      device=torch.device("cpu")) -> list[dict]:
     """Peak bytes held for backward on each pipeline rank, GPipe vs 1F1B (real MLP stages)."""
     p, r = comm.Get_size(), comm.Get_rank()
     torch.manual_seed(0)
@@ -84,9 +86,9 @@ def activation_memory(comm, m: int = 8, rows: int = 32, width: int = 256) -> lis
     for name in ("gpipe", "1f1b"):
         blocks = [nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(p)]
         sched = make_schedule(name, p, m)
-        stages = build_stages(blocks, p, sched.stages_of(r))
-        rt = PipelineRuntime(stages, sched, comm, lambda y, t: ((y - t) ** 2).mean(), timeout_s=60)
-        xs = [torch.randn(rows, width) for _ in range(m)]
+        stages = {s: stage.to(device) for s, stage in build_stages(blocks, p, sched.stages_of(r)).items()}
+        rt = PipelineRuntime(stages, sched, comm, lambda y, t: ((y - t) ** 2).mean(), device=device, timeout_s=60)
+        xs = [torch.randn(rows, width).to(device) for _ in range(m)]
         st = rt.step(xs, xs)
         peaks = comm.allgather((st.peak_activation_bytes, st.peak_live_microbatches))
         out.append({"schedule": name, "p": p, "m": m,
@@ -95,15 +97,15 @@ def activation_memory(comm, m: int = 8, rows: int = 32, width: int = 256) -> lis
     return out
 
 
-def tp_bytes(comm, b: int = 4, s: int = 64, h: int = 64, heads: int = 4) -> dict:
+def tp_bytes(comm, b: int = 4, s: int = 64, h: int = 64, heads: int = 4, device=torch.device("cpu")) -> dict:
     """Payload bytes all-reduced by one TP transformer block, forward and backward."""
     import psrt
     from psrt.tp import CountingGroup, ParallelBlock
     group = CountingGroup(psrt.Communicator(comm))
     torch.manual_seed(0)
     with torch.random.fork_rng(devices=[]):
-        block = ParallelBlock(h, heads, 4 * h, group)
-    x = torch.randn(b, s, h, requires_grad=True)
+        block = ParallelBlock(h, heads, 4 * h, group).to(device)
+    x = torch.randn(b, s, h).to(device).requires_grad_()
     group.reset()
     y = block(x)
     fwd = (dict(group.calls), sum(group.bytes.values()))
@@ -120,7 +122,7 @@ def tp_bytes(comm, b: int = 4, s: int = 64, h: int = 64, heads: int = 4) -> dict
 
 
 def _print(res: dict) -> None:
-    print("pipeline bubble (stages sleep t_f forward, 2 t_f backward; idle share of the step)")
+    print(f"pipeline bubble on {res['device']} (stages sleep t_f forward, 2 t_f backward; idle share of the step)")
     print(f"{'schedule':<12}{'p':>3}{'v':>3}{'m':>4}{'measured':>10}{'theory':>9}"
           f"{'(p-1)/(m+p-1)/v':>17}{'step s':>8}{'ideal s':>9}")
     for r in res["bubble"]:
@@ -146,6 +148,9 @@ HELP = "pipeline bubble per schedule, activation memory and tensor-parallel byte
 def add_arguments(ap) -> None:
     ap.add_argument("--t-forward", type=float, default=0.03, help="forward time per stage (s)")
     ap.add_argument("--microbatches", default="4,8", help="micro-batch counts, comma list")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
+                    help="where stages, activations and the tensor-parallel block live (cuda: GPU "
+                         "local_rank %% device_count)")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON (rank 0)")
 
 
@@ -158,10 +163,12 @@ def command(args) -> int:
     need(bool(ms) and min(ms) >= 1, f"--microbatches {args.microbatches}: expected counts such as 4,8")
     need(args.t_forward > 0, f"--t-forward {args.t_forward}: must be positive")
     import psrt
+    from psrt.dp.device import pick
     world = psrt.init(export_env=False)
-    res = {"bubble": bubble(world.comm, microbatches=ms, t_f=args.t_forward),
-           "memory": activation_memory(world.comm),
-           "tp": tp_bytes(world.comm)}
+    device = pick(args.device, world.local_rank)
+    res = {"device": str(device), "bubble": bubble(world.comm, microbatches=ms, t_f=args.t_forward, device=device),
+           "memory": activation_memory(world.comm, device=device),
+           "tp": tp_bytes(world.comm, device=device)}
     if world.rank == 0:
         _print(res)
         if args.json:

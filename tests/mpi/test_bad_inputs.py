@@ -15,12 +15,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 from conftest import ROOT, mpirun_argv
 
 TRAIN = ["-m", "psrt.train", "--steps", "1", "--quiet", "--data", "synthetic", "--width", "8"]
 BENCH = ["-m", "psrt.bench", "collectives", "--collective", "allreduce", "--sizes", "4", "--repeats", "1",
          "--warmup", "0", "--quiet"]
 LAUNCH = [str(ROOT / "mpi_launch"), "--dry-run"]
+NO_GPU = "--device cuda: no CUDA device is visible"
+WITH_GPU = "a GPU is visible here" if torch.cuda.is_available() else None
 PER_CASE_TIMEOUT = 45
 
 
@@ -113,6 +116,11 @@ CASES = [
     ("bench-suite-part-unknown", py("-m", "psrt.bench", "suite", "--parts", "training,bogus"), "--parts bogus", 0, None),
     ("bench-suite-np-one", py("-m", "psrt.bench", "suite", "--np", "1"), "--np 1", 0, None),
     ("bench-pingpong-one-rank", py("-m", "psrt.bench", "pingpong", "--sizes", "8,64,1K"), "at least 2 ranks", 0, None),
+    # --device cuda without a GPU: one line from every command that takes it
+    ("bench-collectives-no-gpu", py(*BENCH, "--device", "cuda"), NO_GPU, 0, WITH_GPU),
+    ("bench-pipeline-no-gpu-np2", py("-m", "psrt.bench", "pipeline", "--device", "cuda"), NO_GPU, 2, WITH_GPU),
+    ("bench-moe-no-gpu-np2", py("-m", "psrt.bench", "moe", "--device", "cuda", "--steps", "0"), NO_GPU, 2, WITH_GPU),
+    ("train-no-gpu", py(*TRAIN, "--device", "cuda"), NO_GPU, 0, WITH_GPU),
     # --- mpi_launch
     ("launch-np-zero", LAUNCH + ["-np", "0", "true"], "-np 0", 0, None),
     ("launch-np-negative", LAUNCH + ["-np", "-3", "true"], "-np -3", 0, None),

@@ -25,6 +25,8 @@ def add_arguments(p) -> None:
     p.add_argument("--late-ms", type=float, default=20.0, help="how late the straggler of each step starts")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--batch-size", type=int, default=64, help="global batch")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
+                   help="where the model and batches live (cuda: GPU local_rank %% device_count)")
     p.add_argument("--json", help="write the rows as JSON")
     p.add_argument("--quiet", action="store_true")
 
@@ -43,7 +45,7 @@ def check(args, size: int) -> list[int]:
     return backups
 
 
-def train(world, dataset, backups: int, args) -> dict:
+def train(world, dataset, backups: int, args, device) -> dict:
     """One run of `args.steps` steps with `backups` backup workers; the row on rank 0."""
     import torch
 
@@ -54,7 +56,7 @@ def train(world, dataset, backups: int, args) -> dict:
     from psrt.train.loop import evaluate
     from psrt.train.models import build_model, loss_and_correct
     torch.manual_seed(0)
-    model = build_model("mlp", dataset)
+    model = build_model("mlp", dataset).to(device)
     group = psrt.Communicator(world.comm)
     s = strategy_class("ps")(model, optimizer_factory("sgd", lr=0.1), group, backup_workers=backups)
     sampler = ShardedSampler(len(dataset), args.batch_size, s.num_workers, s.worker_rank, seed=0)
@@ -62,7 +64,7 @@ def train(world, dataset, backups: int, args) -> dict:
     steps, losses = [], []
     for step in range(args.steps):
         late = draw.randrange(1, world.size)          # never the server, rank 0
-        mbs = [(dataset.train_x[i], dataset.train_y[i]) for i in sampler.microbatches(step)]
+        mbs = [(dataset.train_x[i].to(device), dataset.train_y[i].to(device)) for i in sampler.microbatches(step)]
         t0 = time.perf_counter()
         if world.rank == late:
             time.sleep(args.late_ms / 1e3)
@@ -91,17 +93,19 @@ def command(args) -> int:
     import psrt
     from psrt.bench import report
     from psrt.train.data import load
+    from psrt.dp.device import pick
     world = psrt.init()
     backups = check(args, world.size)
+    device = pick(args.device, world.local_rank)
     dataset = load("digits")
-    rows = [train(world, dataset, b, args) for b in backups]
+    rows = [train(world, dataset, b, args, device) for b in backups]
     if world.rank != 0:
         return 0
     base = next((r["step_s"] for r in rows if r["backups"] == 0), None)
     for r in rows:
         r["vs_none"] = r["step_s"] / base if base else None
     if not args.quiet:
-        print(f"# --dp ps with backup workers, N={world.size}, default MLP on digits, global batch "
+        print(f"# --dp ps with backup workers, N={world.size}, default MLP on digits ({device}), global batch "
               f"{args.batch_size}, {args.steps} steps; each step one worker (the same for every row) starts "
               f"{args.late_ms:g} ms late; step = rank 0's median")
         report.table(rows, COLUMNS)

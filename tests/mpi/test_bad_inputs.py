@@ -120,7 +120,8 @@ CASES = [
     ("bench-collectives-no-gpu", py(*BENCH, "--device", "cuda"), NO_GPU, 0, WITH_GPU),
     ("bench-pipeline-no-gpu-np2", py("-m", "psrt.bench", "pipeline", "--device", "cuda"), NO_GPU, 2, WITH_GPU),
     ("bench-moe-no-gpu-np2", py("-m", "psrt.bench", "moe", "--device", "cuda", "--steps", "0"), NO_GPU, 2, WITH_GPU),
-    ("bench-backup-no-gpu-np2", py("-m", "psrt.bench", "backup", "--device", "cuda"), NO_GPU, 2, WITH_GPU),
+    ("bench-backup-no-gpu-np2", py("-m", "psrt.bench", "backup", "--backups", "0", "--device", "cuda"), NO_GPU, 2,
+     WITH_GPU),
     ("train-no-gpu", py(*TRAIN, "--device", "cuda"), NO_GPU, 0, WITH_GPU),
     # --- mpi_launch
     ("launch-np-zero", LAUNCH + ["-np", "0", "true"], "-np 0", 0, None),

@@ -45,7 +45,11 @@ timeout 200 mpirun -np 2 --bind-to none "$PY" -m psrt.bench collectives --device
     --collective allreduce,reduce_scatter,allgather \
     --sizes 1MiB,16MiB,64MiB --algorithms ring,native,auto,torch --repeats 3 --warmup 1 \
     >"$OUTDIR/bench.txt" 2>>"$LOG" || echo "gpu bench failed" >>"$OUTDIR/bench.txt"
-# 4. torch DDP on psrt's backend vs on gloo, a 25M-parameter MLP (100 MiB of gradients) on the GPU
+# 4. the MoE all-to-all on CUDA: psrt's pairwise exchange, pipelined through host slots where
+#    the MPI is not CUDA-aware, beside MPI_Alltoallv on a whole staged copy (x native)
+timeout 90 mpirun -np 2 --bind-to none "$PY" -m psrt.bench moe --device cuda --sizes 1MiB,16MiB,64MiB \
+    --steps 0 --repeats 3 >>"$OUTDIR/bench.txt" 2>>"$LOG" || echo "moe bench failed" >>"$OUTDIR/bench.txt"
+# 5. torch DDP on psrt's backend vs on gloo, a 25M-parameter MLP (100 MiB of gradients) on the GPU
 timeout 150 mpirun -np 2 --bind-to none "$PY" -m psrt.bench c10d --device cuda --grad-mb 100 \
     --rounds 2 --steps 2 --quiet --json "$OUTDIR/c10d.json" >>"$LOG" 2>&1 || echo "c10d bench failed" >>"$OUTDIR/bench.txt"
 [ -f "$OUTDIR/c10d.json" ] && "$PY" - "$OUTDIR/c10d.json" >>"$OUTDIR/bench.txt" 2>&1 <<'PYEOF'

@@ -87,7 +87,7 @@ class Exchanges:
         fn = _ALLTOALLV[algo]
 
         def run():
-            if self._staged(t, algo):
+            if algo == "pairwise" and self._staged(t, algo):     # native: MPI_Alltoallv on a whole copy
                 return staged_plans.alltoallv_call(self, t, [c * row for c in send_counts],
                                                    [c * row for c in recv_counts], shape, out)
             # The input is only read and the output only written: MPI uses their own memory

@@ -5,8 +5,10 @@ into consecutive chunks and runs the call's algorithm on each.  A reduce-scatter
 all-gather cuts every rank's segment into columns instead: piece p holds columns
 [p*c, (p+1)*c) of each rank's segment side by side (c = a slot's elements / N), so the call's
 own algorithm runs on each piece with per-rank counts that still add up, and the result of
-each piece lands in the right columns of the output.  An all-to-all runs the pairwise
-exchange (collectives/alltoall.py), one piece per block or part of a block: the block for
+each piece lands in the right columns of the output.  An all-to-all (`alltoall`, and
+`alltoallv` with the pairwise algorithm; `native` stays MPI_Alltoallv on one whole copy, the
+peer the pipelined exchange is measured against) runs the pairwise exchange
+(collectives/alltoall.py), one piece per block or part of a block: the block for
 rank r+k goes down into the first half of the slot, the block from rank r-k arrives in the
 second half and goes up, while the next block goes down.  Every rank computes the same
 pieces from arguments the ranks have agreed on, so their calls match piece by piece.

@@ -4,7 +4,7 @@ so each call runs as many pieces with partial last columns and blocks split into
 messages.  Each staged call is compared with the same call on a Communicator that does not
 stage (itself checked against references elsewhere): reduce-scatter and all-gather with
 uneven counts (a rank with none included), broadcast and reduce from each root, all-to-all
-and all-to-all-v with empty and large blocks, in three dtypes, out of place, into a held
+and all-to-all-v (pairwise; native stays whole) with empty and large blocks, in three dtypes, out of place, into a held
 output and from a non-contiguous input."""
 import torch
 

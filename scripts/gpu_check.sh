@@ -41,10 +41,14 @@ row cpu $DPS >"$OUTDIR/cpu.txt"
 row cuda $DPS >"$OUTDIR/cuda.txt"
 
 # 3. CUDA collectives: staged (or CUDA-aware) psrt beside torch.distributed and the model
-timeout 200 mpirun -np 2 --bind-to none "$PY" -m psrt.bench collectives --device cuda \
-    --collective allreduce,reduce_scatter,allgather \
+timeout 150 mpirun -np 2 --bind-to none "$PY" -m psrt.bench collectives --device cuda \
     --sizes 1MiB,16MiB,64MiB --algorithms ring,native,auto,torch --repeats 3 --warmup 1 \
     >"$OUTDIR/bench.txt" 2>>"$LOG" || echo "gpu bench failed" >>"$OUTDIR/bench.txt"
+#    and ZeRO's two collectives, staged in columns of every rank's segment (a run of its own, so
+#    that a failure there leaves the all-reduce rows above)
+timeout 120 mpirun -np 2 --bind-to none "$PY" -m psrt.bench collectives --device cuda \
+    --collective reduce_scatter,allgather --sizes 16MiB,64MiB --algorithms ring,native,torch \
+    --repeats 3 --warmup 1 >>"$OUTDIR/bench.txt" 2>>"$LOG" || echo "gpu bench (zero) failed" >>"$OUTDIR/bench.txt"
 # 4. the MoE all-to-all on CUDA: psrt's pairwise exchange, pipelined through host slots where
 #    the MPI is not CUDA-aware, beside MPI_Alltoallv on a whole staged copy (x native)
 timeout 90 mpirun -np 2 --bind-to none "$PY" -m psrt.bench moe --device cuda --sizes 1MiB,16MiB,64MiB \

@@ -19,6 +19,7 @@ from psrt.errors import PsrtError
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_RING_SEGMENT = 1 << 22     # 4 MiB; why: psrt/collectives/ring.py
 CHECK_MODES = ("all", "cheap", "off")
+STAGED_REDUCE = ("host", "gpu")
 # The algorithms a torch.distributed group on psrt may use (psrt.collectives.algorithms names
 # them all; 'torch' and 'nccl' are left out, as they would call torch.distributed themselves).
 BACKEND_ALGORITHMS = ("auto", "ring", "doubling", "halving-doubling", "tree", "ps", "hierarchical", "native")
@@ -91,6 +92,10 @@ VARIABLES = {v.name: v for v in (
              "every rank's arguments: debugging), `off`"),
     Variable("PSRT_CUDA_AWARE", _flag, "0 or 1", None,
              "`1`/`0`: hand CUDA tensors to MPI directly or stage them (default: ask the MPI library)"),
+    Variable("PSRT_STAGED_REDUCE", _one_of(*STAGED_REDUCE), "host or gpu", "host",
+             "where a staged CUDA all-reduce adds (an MPI that is not CUDA-aware): `host`, each piece "
+             "reduced between the ranks by the call's algorithm on the host; `gpu`, each piece "
+             "all-gathered on the host and summed on the GPU"),
     Variable("PSRT_TUNING", str, "a file name", None,
              "a table for `algorithm=\"auto\"` written by `python -m psrt.bench tune`"),
     Variable("PSRT_RING_SEGMENT", _positive_int, "a positive number of bytes", DEFAULT_RING_SEGMENT,
@@ -180,6 +185,10 @@ def check_mode() -> str:
 def cuda_aware() -> bool | None:
     """True or False when PSRT_CUDA_AWARE says so, None to ask the MPI library."""
     return get("PSRT_CUDA_AWARE")
+
+
+def staged_reduce() -> str:
+    return get("PSRT_STAGED_REDUCE")
 
 
 def tuning_path() -> str | None:

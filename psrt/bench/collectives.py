@@ -366,11 +366,19 @@ def on_device(group: Communicator):
     from psrt.collectives import nccl
     own_gpu = nccl.sharing(nccl.gpus(group.comm)) is None
 
+    other = cuda.other_reduce(group)
+
     def rows(coll: str, names: list[str], size: int, dtype, args) -> list[Point]:
         on_gpu = measure(group, coll, cuda.device_rows(names, own_gpu), size, dtype, args.warmup,
                          args.repeats, device=args.device)
         on_host = measure(group, coll, cuda.host_rows(names), size, dtype, args.warmup, args.repeats)
-        return on_gpu + [replace(p, algorithm=cuda.HOST + p.algorithm) for p in on_host]
+        points = on_gpu + [replace(p, algorithm=cuda.HOST + p.algorithm) for p in on_host]
+        if other is not None and coll == "allreduce":     # the staged sum on the other side
+            with other as label:
+                again = measure(group, coll, cuda.host_rows(names), size, dtype, args.warmup, args.repeats,
+                                device=args.device)
+            points += [replace(p, algorithm=label + p.algorithm) for p in again]
+        return points
     return rows
 
 

@@ -6,8 +6,11 @@ same algorithm on host tensors of the same size (rows `host:ALGO`: the staged pa
 stage alone), torch.distributed's own (`torch`: NCCL where each rank has a GPU of its own,
 else gloo) and `nccl` where it is allowed, and for each staged row the pipelined model
 (collectives/staged.py `staged_time`: the slowest of copy down, host all-reduce and copy up,
-plus one chunk through the other two).  Columns: x model = time over the model's, x torch =
-time over the torch row's (under 1: psrt is faster).
+plus one chunk through the other two), and each staged all-reduce again with its additions
+on the other side (`gpu-reduce:ALGO`: all-gathered on the host, summed on the GPU; or
+`host-reduce:ALGO` where PSRT_STAGED_REDUCE=gpu), which is what decides the setting.
+Columns: x model = time over the model's, x torch = time over the torch row's (under 1:
+psrt is faster).
 """
 from __future__ import annotations
 
@@ -58,6 +61,30 @@ def device_rows(names: list[str], own_gpu: bool) -> list[str]:
     """The rows to time on CUDA: psrt's algorithms, auto and torch's; nccl only where each
     rank has a GPU of its own (NCCL refuses two ranks on one GPU)."""
     return [a for a in names if a != "nccl" or own_gpu]
+
+
+class OtherReduce:
+    """A context in which `group`'s staged all-reduces add on the other side (the GPU where
+    PSRT_STAGED_REDUCE is host, the default, else the host); it gives the rows' label,
+    `gpu-reduce:` or `host-reduce:`."""
+
+    def __init__(self, group):
+        from psrt.collectives.staged import Stager
+        self.group, self.own = group, group._stager
+        side = "host" if self.own.reduce_on == "gpu" else "gpu"
+        self.swapped, self.label = Stager(reduce_on=side), f"{side}-reduce:"
+
+    def __enter__(self) -> str:
+        self.group._stager = self.swapped
+        return self.label
+
+    def __exit__(self, *exc) -> None:
+        self.group._stager = self.own
+
+
+def other_reduce(group) -> OtherReduce | None:
+    """The other side's additions for a staged run; None where nothing is staged."""
+    return None if group._staging.direct_cuda else OtherReduce(group)
 
 
 def host_rows(names: list[str]) -> list[str]:

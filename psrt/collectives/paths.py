@@ -25,12 +25,14 @@ bookkeeping; one that gains a second way gets a table of its own, the same way.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import torch
 
 from psrt.collectives import native, small, staged_plans
 from psrt.collectives.algorithms import THROUGH_TORCH
-from psrt.collectives.implementations import ALLREDUCE as _FUNCTIONS, READS_SOURCE
+from psrt.collectives.implementations import ALLGATHER as _GATHER, ALLREDUCE as _FUNCTIONS, READS_SOURCE
 from psrt.collectives.ready import ReadyCache
 from psrt.transport import Staging, np_view
 
@@ -120,7 +122,9 @@ class NativeInto:
 class Staged:
     """A CUDA all-reduce through an MPI that cannot read GPU memory: chunks through pinned
     host slots, copies down and up overlapping the host reduction of the chunk between them
-    (collectives/staged.py).  Each chunk is reduced with the call's algorithm."""
+    (collectives/staged.py).  Each chunk is reduced with the call's algorithm; or, with
+    PSRT_STAGED_REDUCE=gpu, all-gathered by the algorithm's all-gather (the MPI library's for
+    one that has none) and summed on the GPU."""
 
     name = "staged"
 
@@ -138,8 +142,16 @@ class Staged:
             if op == "avg":
                 host.div_(size)
 
-        pieces = staged_plans.allreduce(t.contiguous().view(-1), dst, group._stager.pool.elements(t.dtype), reduce_chunk)
-        group._stager.run(pieces, t.dtype, t.device, dst)
+        src, stager = t.contiguous().view(-1), group._stager
+        per = stager.pool.elements(t.dtype)
+        if stager.reduce_on == "gpu":       # PSRT_STAGED_REDUCE=gpu: the host only moves data
+            gather = _GATHER.get(c.algo)
+            gather = partial(gather, comm) if gather else partial(native.allgather, group.comm)
+            pieces = staged_plans.allreduce_on_gpu(src, dst, per, group.rank, size, op, gather,
+                                                   partial(stager.scratch, t.device, t.dtype))
+        else:
+            pieces = staged_plans.allreduce(src, dst, per, reduce_chunk)
+        stager.run(pieces, t.dtype, t.device, dst)
         return Staging.from_mpi(dst, result)
 
 

@@ -29,6 +29,8 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from psrt import env
+
 CHUNK_BYTES = 4 << 20      # the ring's segment size: large enough for full-speed copies and MPI
 SLOTS = 3                  # one chunk going down, one being reduced, one going up
 
@@ -137,6 +139,15 @@ class CudaLanes:
             event.record(stream)
         return event
 
+    def run(self, lane: str, work):
+        """Queue `work` (kernels) on a lane after what is already there; its event."""
+        stream = self.streams[lane]
+        with torch.cuda.stream(stream):
+            work()
+            event = torch.cuda.Event()
+            event.record(stream)
+        return event
+
     @staticmethod
     def wait(event) -> None:
         event.synchronize()
@@ -152,26 +163,39 @@ class Piece(NamedTuple):
     offset, device tensor), the work done there across the ranks (`middle(slot)`, given the
     whole slot as a flat tensor of the call's dtype), and what is copied back out (`up`:
     device tensor, host offset).  Either copy list may be empty (a broadcast's non-roots copy
-    nothing down, a reduce's non-roots nothing up)."""
+    nothing down, a reduce's non-roots nothing up).  `then`, if given, is device work queued
+    on the up lane after the copies up (the GPU's share of a piece, such as summing what
+    the ranks sent)."""
     down: list
     middle: Callable[[torch.Tensor], None]
     up: list
+    then: Callable[[], None] | None = None
 
 
 class Stager:
     """One communicator's staging: its pool of host slots and its lanes per GPU, both made on
     first use and kept (`lanes_for` may be replaced, as the CPU tests do)."""
 
-    def __init__(self, pool: Pool | None = None, lanes_for=CudaLanes):
+    def __init__(self, pool: Pool | None = None, lanes_for=CudaLanes, reduce_on: str | None = None):
         self.pool = pool or Pool()
         self._lanes_for = lanes_for
         self._lanes: dict = {}
+        self._scratch: dict = {}
+        self.reduce_on = reduce_on or env.staged_reduce()     # PSRT_STAGED_REDUCE: host or gpu
 
     def lanes(self, device: torch.device):
         lanes = self._lanes.get(device)
         if lanes is None:
             lanes = self._lanes[device] = self._lanes_for(device)
         return lanes
+
+    def scratch(self, device: torch.device, dtype: torch.dtype, slot: int) -> torch.Tensor:
+        """Device memory the size of host slot `slot`, made once per device: where a piece's
+        copies up land when the GPU works on them before they reach the result."""
+        whole = self._scratch.get(device)
+        if whole is None:
+            whole = self._scratch[device] = torch.empty(SLOTS, self.pool.chunk_bytes, dtype=torch.uint8, device=device)
+        return whole[slot].view(dtype)
 
     def run(self, pieces: list[Piece], dtype: torch.dtype, device: torch.device, written=None) -> None:
         pipeline(pieces, dtype, self.pool, self.lanes(device), written)
@@ -201,5 +225,7 @@ def pipeline(pieces: list[Piece], dtype: torch.dtype, pool: Pool, lanes, written
             event = None
             for dst, at in piece.up:
                 event = lanes.copy("up", dst, host[at:at + dst.numel()])
+            if piece.then is not None:
+                event = lanes.run("up", piece.then)
             left[i] = event
     lanes.finish(written)

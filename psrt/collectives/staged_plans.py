@@ -16,14 +16,15 @@ pieces from arguments the ranks have agreed on, so their calls match piece by pi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
 
 from psrt.collectives.layout import offsets
 from psrt.collectives.p2p import TAG_A2A
-from psrt.collectives.staged import Piece, chunks
-from psrt.transport import msg
+from psrt.collectives.staged import SLOTS, Piece, chunks
+from psrt.transport import msg, reduce_
 
 
 def allreduce(src: torch.Tensor, dst: torch.Tensor, per: int, reduce_chunk: Callable) -> list[Piece]:
@@ -31,6 +32,31 @@ def allreduce(src: torch.Tensor, dst: torch.Tensor, per: int, reduce_chunk: Call
     reduces a chunk in place across the ranks."""
     return [Piece([(0, src[s:s + n])], lambda h, n=n: reduce_chunk(h[:n]), [(dst[s:s + n], 0)])
             for s, n in chunks(src.numel(), per)]
+
+
+def allreduce_on_gpu(src: torch.Tensor, dst: torch.Tensor, per: int, rank: int, size: int, op: str,
+                     gather: Callable, scratch: Callable) -> list[Piece]:
+    """dst <- the all-reduce of src with the arithmetic on the device: each piece holds a chunk
+    of every rank side by side, all-gathered on the host (`gather(host, counts)` in place:
+    data movement only), copied up into device memory (`scratch(slot)`, as big as a host
+    slot) and reduced there in rank order into dst, on the up lane.  The host never adds;
+    each rank receives (N-1) chunks where a ring receives 2(N-1)/N, the same at N = 2."""
+    width = max(1, per // size)
+    pieces = []
+    for i, (s, n) in enumerate(chunks(src.numel(), width)):
+        room = scratch(i % SLOTS)[:size * n]
+        pieces.append(Piece([(rank * n, src[s:s + n])], lambda h, n=n: gather(h[:size * n], [n] * size),
+                            [(room, 0)], partial(_reduce_rows, room.view(size, n), dst[s:s + n], op)))
+    return pieces
+
+
+def _reduce_rows(rows: torch.Tensor, out: torch.Tensor, op: str) -> None:
+    """out <- rows[0] (op) rows[1] (op) ..., in row order; 'avg' divides by the rows."""
+    out.copy_(rows[0])
+    for row in rows[1:]:
+        reduce_(out, row, op)
+    if op == "avg":
+        out.div_(rows.shape[0])
 
 
 def broadcast(buf: torch.Tensor, root: int, rank: int, per: int, fn: Callable) -> list[Piece]:

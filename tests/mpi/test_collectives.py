@@ -40,8 +40,9 @@ def test_every_ready_call_is_exact(run_ranks, np_, segment):
     for rec in records:
         assert rec["failures"] == [], rec
         # algorithms x cases x (2 communicators x 3 repeats x 4 ways of calling + the torch path)
-        # + the staged path: algorithms x sizes x (float32, bfloat16: 3 ops; int64: 2)
-        assert rec["checked"] == 5 * (4 * 3 * 2 + 1) * (2 * 3 * 4 + 1) + 7 * 4 * (3 + 3 + 2)
+        # + the staged path, reduced on the host and on the device: algorithms x sizes x
+        # (float32, bfloat16: 3 ops; int64: 2)
+        assert rec["checked"] == 5 * (4 * 3 * 2 + 1) * (2 * 3 * 4 + 1) + 2 * 7 * 4 * (3 + 3 + 2)
         # the other collectives staged, per dtype: 4 reduce-scatter algorithms x ops x 2 ways,
         # 4 all-gathers, per root 4 broadcasts and 3 reduces x ops, 5 exchanges (float32 and
         # bfloat16 with 3 ops, int64 with 2)

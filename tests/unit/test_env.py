@@ -11,6 +11,7 @@ from psrt.errors import PsrtError
 ROOT = Path(__file__).resolve().parents[2]
 
 GOOD = {"PSRT_TIMEOUT": ("12.5", 12.5), "PSRT_CHECK": ("all", "all"), "PSRT_CUDA_AWARE": ("0", False),
+        "PSRT_STAGED_REDUCE": ("gpu", "gpu"),
         "PSRT_TUNING": ("t.json", "t.json"), "PSRT_RING_SEGMENT": ("65536", 65536),
         "PSRT_MASTER_ADDR": ("198.18.0.1", "198.18.0.1"), "PSRT_TRACEBACK": ("1", True),
         "PSRT_YIELD": ("0", False), "PSRT_ALGORITHM": ("ps", "ps"), "PSRT_HOSTS": ("0,0,1", (0, 0, 1)),
@@ -18,6 +19,7 @@ GOOD = {"PSRT_TIMEOUT": ("12.5", 12.5), "PSRT_CHECK": ("all", "all"), "PSRT_CUDA
         "PSRT_RESTART_COUNT": ("1", 1), "PSRT_FAILED_AT": ("1795685427.96", 1795685427.96),
         "PSRT_IN_JOB_RECOVERY": ("1", True), "PSRT_KILL_AT": ("2,3:31", ((2, 3), 31))}
 BAD = {"PSRT_TIMEOUT": ["-3", "0", "soon", "inf"], "PSRT_CHECK": ["most"], "PSRT_CUDA_AWARE": ["yes", "2"],
+       "PSRT_STAGED_REDUCE": ["device", "GPU"],
        "PSRT_RING_SEGMENT": ["0", "4MiB", "-1"], "PSRT_TRACEBACK": ["true"],
        "PSRT_YIELD": ["yes"], "PSRT_ALGORITHM": ["torch", "fast"], "PSRT_HOSTS": ["0,a", "1;2", "-1"],
        "PSRT_RESTARTS": ["-1", "two"], "PSRT_RESTART_COUNT": ["-1"], "PSRT_FAILED_AT": ["soon"],

@@ -160,3 +160,40 @@ def test_a_slot_comes_back_only_once_its_copy_up_has_run():
     slots.take()
     slots.take()
     assert slots.made == 2                           # a second one only while two are out
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "avg"])
+def test_reduced_on_the_device_the_host_only_moves_data(op):
+    """PSRT_STAGED_REDUCE=gpu: each piece's chunks of every rank are gathered on the host and
+    reduced on the device, after their copies up, in rank order (3 ranks, this one rank 1)."""
+    size, rank = 3, 1
+    pool = staged.Pool(chunk_bytes=48, pin=False)           # 12 float32: 4 of each rank a piece
+    src, dst = torch.arange(10.0), torch.full((10,), -1.0)
+    scratch = torch.empty(staged.SLOTS, 48, dtype=torch.uint8)
+
+    def gather(host, counts):                               # ranks 0 and 2 hold 10x and 100x
+        n = counts[0]
+        assert counts == [n] * size and host.numel() == size * n
+        mine = host[rank * n:(rank + 1) * n].clone()
+        host[:n], host[2 * n:] = mine * 10, mine * 100
+    lanes = LateLanes()
+    pieces = staged_plans.allreduce_on_gpu(src, dst, pool.elements(torch.float32), rank, size, op, gather,
+                                           lambda slot: scratch[slot].view(torch.float32))
+    assert [p.down[0][1].numel() for p in pieces] == [4, 4, 2]
+    staged.pipeline(pieces, torch.float32, pool, lanes, dst)
+    want = {"sum": src * 111, "max": src * 100, "avg": src * 111 / 3}[op]
+    assert torch.allclose(dst, want)
+    assert lanes.log.count("up work") == 3
+
+
+def test_the_gpu_bench_times_the_staged_sum_on_the_other_side_too():
+    from types import SimpleNamespace
+
+    from psrt.bench import cuda
+    for own, other in (("host", "gpu"), ("gpu", "host")):
+        stager = staged.Stager(reduce_on=own)
+        group = SimpleNamespace(_staging=SimpleNamespace(direct_cuda=False), _stager=stager)
+        with cuda.other_reduce(group) as label:
+            assert label == f"{other}-reduce:" and group._stager.reduce_on == other
+        assert group._stager is stager
+    assert cuda.other_reduce(SimpleNamespace(_staging=SimpleNamespace(direct_cuda=True))) is None

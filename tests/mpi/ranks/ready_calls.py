@@ -12,7 +12,8 @@ the torch path).  Inputs are small integers, so every order of reduction gives t
 
 The staged path of CUDA all-reduces (psrt/collectives/staged.py) on the CPU, its copy lanes
 running every copy late (late_lanes.py): every algorithm, dtype, op, a partial last chunk, no
-elements, non-contiguous input and output, against the same reference; and every other
+elements, non-contiguous input and output, against the same reference, reduced on the host
+and (PSRT_STAGED_REDUCE=gpu) all-gathered and reduced on the device; and every other
 collective's staged path against the same call unstaged (staged_calls.py).
 
 Then which entry of the all-reduce table (psrt/collectives/paths.py) ran each kind of call, as
@@ -82,8 +83,8 @@ class StagedOnCpu(paths.Staged):
 
 staged = psrt.Communicator(comm)
 staged.paths = (StagedOnCpu(),)
-staged._stager = Stager(Pool(chunk_bytes=256, pin=False), lanes_for=LateLanes)
-for algo in (a for a in ALLREDUCE if a not in THROUGH_TORCH):
+for reduce_on, algo in ((w, a) for w in ("host", "gpu") for a in ALLREDUCE if a not in THROUGH_TORCH):
+    staged._stager = Stager(Pool(chunk_bytes=256, pin=False), lanes_for=LateLanes, reduce_on=reduce_on)
     for numel in (0, 1, 37, 300):       # 300 float32 = 1200 bytes: 4 chunks and a partial fifth
         for dtype in (torch.float32, torch.bfloat16, torch.int64):
             for op in ("sum", "max") + (("avg",) if dtype.is_floating_point else ()):
@@ -95,7 +96,7 @@ for algo in (a for a in ALLREDUCE if a not in THROUGH_TORCH):
                 got = staged.allreduce(wide[:, 1], op=op, out=out, algorithm=algo)
                 checked += 1
                 if not (got is out and torch.allclose(got.double(), want.double(), rtol=1e-2)):
-                    failures.append(f"staged {algo} n={numel} {op} {dtype}")
+                    failures.append(f"staged {algo} reduced on {reduce_on} n={numel} {op} {dtype}")
 staged.close()
 staged_failures, staged_checked = staged_calls.check(comm)
 failures += staged_failures

@@ -53,17 +53,21 @@ timeout 120 mpirun -np 2 --bind-to none "$PY" -m psrt.bench collectives --device
 #    the MPI is not CUDA-aware, beside MPI_Alltoallv on a whole staged copy (x native)
 timeout 90 mpirun -np 2 --bind-to none "$PY" -m psrt.bench moe --device cuda --sizes 1MiB,16MiB,64MiB \
     --steps 0 --repeats 3 >>"$OUTDIR/bench.txt" 2>>"$LOG" || echo "moe bench failed" >>"$OUTDIR/bench.txt"
-# 5. torch DDP on psrt's backend vs on gloo, a 25M-parameter MLP (100 MiB of gradients) on the GPU
-timeout 150 mpirun -np 2 --bind-to none "$PY" -m psrt.bench c10d --device cuda --grad-mb 100 \
-    --rounds 2 --steps 2 --quiet --json "$OUTDIR/c10d.json" >>"$LOG" 2>&1 || echo "c10d bench failed" >>"$OUTDIR/bench.txt"
-[ -f "$OUTDIR/c10d.json" ] && "$PY" - "$OUTDIR/c10d.json" >>"$OUTDIR/bench.txt" 2>&1 <<'PYEOF'
+# 5. torch DDP on psrt's backend vs on gloo, a 25M-parameter MLP (100 MiB of gradients) on the GPU,
+#    with the staged sums on the host and then on the GPU (PSRT_STAGED_REDUCE), each beside gloo
+for side in host gpu; do
+    PSRT_STAGED_REDUCE=$side timeout 150 mpirun -np 2 --bind-to none -x PSRT_STAGED_REDUCE "$PY" -m psrt.bench c10d \
+        --device cuda --grad-mb 100 --rounds 2 --steps 2 --quiet --json "$OUTDIR/c10d_$side.json" >>"$LOG" 2>&1 \
+        || echo "c10d bench ($side sums) failed" >>"$OUTDIR/bench.txt"
+    [ -f "$OUTDIR/c10d_$side.json" ] && "$PY" - "$OUTDIR/c10d_$side.json" "$side" >>"$OUTDIR/bench.txt" 2>&1 <<'PYEOF'
 import json, sys
 d = json.load(open(sys.argv[1]))
 for r in d["rows"]:
-    print(f"c10d {r['way']:<22} {r['step_s'] * 1e3:8.1f} ms  x gloo {r['vs_gloo']:.2f}")
+    print(f"c10d ({sys.argv[2]} sums) {r['way']:<22} {r['step_s'] * 1e3:8.1f} ms  x gloo {r['vs_gloo']:.2f}")
 for g in d["goals"]:
-    print(f"goal {g['status']}: {g['goal']}: {g['value']}")
+    print(f"goal ({sys.argv[2]} sums) {g['status']}: {g['goal']}: {g['value']}")
 PYEOF
+done
 
 say ""
 say "gpu_check summary"

@@ -92,7 +92,8 @@ def step_time(world, grid, name: str, steps: int, dispatch: str = "variable",
     sent = []
 
     def step(idx):
-        stats = trainer.step(lambda mb: loss_and_correct(model, mb, "lm")[0], [(data.train_x[idx].to(device), data.train_y[idx].to(device))])
+        batch = [(data.train_x[idx].to(device), data.train_y[idx].to(device))]
+        stats = trainer.step(lambda mb: loss_and_correct(model, mb, "lm")[0], batch)
         sent.append(stats.extra.get("a2a_bytes", 0))
     t = timing.timed(world.comm, timing.cycling(batches, step), steps, warmup=1)
     return t.mean, statistics.mean(world.comm.allgather(statistics.mean(sent[1:])))

@@ -28,7 +28,7 @@ from psrt.collectives.exchange import Exchanges
 from psrt.collectives.executor import Executor, Handle
 from psrt.collectives.paths import Call
 from psrt.collectives.ready import ReadyCache
-from psrt.collectives import nccl, staged_plans as staged
+from psrt.collectives import nccl, staged_plans
 from psrt.collectives.algorithms import ALGORITHMS, ALL_ALGORITHMS, THROUGH_TORCH
 from psrt.collectives.layout import offsets, require_mpi_comm
 from psrt.collectives.staged import Stager
@@ -287,7 +287,8 @@ class Communicator(Exchanges):
 
         def run():
             if self._staged(t, algo):
-                return staged.reduce_scatter_call(self, t, elems, shape, op, partial(fn, self._backend_comm(algo)), out)
+                return staged_plans.reduce_scatter_call(self, t, elems, shape, op,
+                                                        partial(fn, self._backend_comm(algo)), out)
             flat = self._work(t, algo)
             fn(self._backend_comm(algo), flat, elems, op)
             off = offsets(elems)
@@ -311,7 +312,7 @@ class Communicator(Exchanges):
 
         def run():
             if self._staged(t, algo):
-                return staged.reduce_call(self, t, root, op, partial(fn, self._backend_comm(algo)), out)
+                return staged_plans.reduce_call(self, t, root, op, partial(fn, self._backend_comm(algo)), out)
             result = out if (out is not None and self.rank == root) else None
             flat = self._work(t, algo, direct=result)
             fn(self._backend_comm(algo), flat, root, op)
@@ -334,7 +335,7 @@ class Communicator(Exchanges):
 
         def run():
             if self._staged(t, algo):
-                return staged.broadcast_call(self, t, root, partial(fn, self._backend_comm(algo)))
+                return staged_plans.broadcast_call(self, t, root, partial(fn, self._backend_comm(algo)))
             flat = self._work(t, algo, direct=t)
             fn(self._backend_comm(algo), flat, root)
             return Staging.from_mpi(flat, t)
@@ -372,7 +373,7 @@ class Communicator(Exchanges):
 
         def run():
             if self._staged(t, algo):
-                return staged.allgather_call(self, t, elems, shape, partial(fn, self._backend_comm(algo)), out)
+                return staged_plans.allgather_call(self, t, elems, shape, partial(fn, self._backend_comm(algo)), out)
             result = out if out is not None else torch.empty(shape, dtype=t.dtype, device=t.device)
             if result.is_contiguous() and self._on_device_ok(result, algo):
                 flat = result.view(-1)

@@ -7,7 +7,7 @@ to the next and micro-batches have uneven sizes, so activation shapes vary betwe
 and between micro-batches.  For p > 1, 1F1B and interleaved also run with the payloads staged
 as CUDA ones are without a CUDA-aware MPI (psrt/pp/p2p.py), through 64-byte host slots with
 copies that run late (late_lanes.py), and every slot must be back in the pool after the
-step.  Prints one PSRT-RESULT line per rank.
+step.  Rank 0 prints one PSRT-RESULT line per case and rank.
 """
 import copy
 import json
@@ -102,9 +102,12 @@ def main():
             if p > 1 and name != "gpipe":
                 results.append(case(comm, name, 2 * p + 1, v, seed=len(results), staged=True))
         comm.Free()
-    for r in results:   # one short line per case: mpirun may interleave long lines
-        print("PSRT-RESULT " + json.dumps(dict(r, rank=world.rank)), flush=True)
-    print("PSRT-RESULT " + json.dumps({"rank": world.rank, "hang": hang_check(world)}), flush=True)
+    mine = [dict(r, rank=world.rank) for r in results] + [{"rank": world.rank, "hang": hang_check(world)}]
+    # Every rank's lines printed by rank 0 alone: mpirun may interleave lines that several
+    # ranks print at once, and a record cut by another rank's line cannot be read.
+    every = world.comm.gather(mine, root=0)
+    for r in (r for rank_results in every or [] for r in rank_results):
+        print("PSRT-RESULT " + json.dumps(r), flush=True)
 
 
 if __name__ == "__main__":

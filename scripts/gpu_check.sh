@@ -53,7 +53,13 @@ timeout 120 mpirun -np 2 --bind-to none "$PY" -m psrt.bench collectives --device
 #    the MPI is not CUDA-aware, beside MPI_Alltoallv on a whole staged copy (x native)
 timeout 90 mpirun -np 2 --bind-to none "$PY" -m psrt.bench moe --device cuda --sizes 1MiB,16MiB,64MiB \
     --steps 0 --repeats 3 >>"$OUTDIR/bench.txt" 2>>"$LOG" || echo "moe bench failed" >>"$OUTDIR/bench.txt"
-# 5. torch DDP on psrt's backend vs on gloo, a 25M-parameter MLP (100 MiB of gradients) on the GPU,
+# 5. a pipeline's activations: tensors through the pipeline's sends, staged in pieces where the
+#    MPI is not CUDA-aware, beside the same bytes through MPI from host memory
+for dev in "" cuda; do
+    timeout 60 mpirun -np 2 --bind-to none "$PY" -m psrt.bench pingpong --sizes 1MiB,16MiB,64MiB --repeats 3 \
+        ${dev:+--device $dev} >>"$OUTDIR/bench.txt" 2>>"$LOG" || echo "pingpong ${dev:-host} failed" >>"$OUTDIR/bench.txt"
+done
+# 6. torch DDP on psrt's backend vs on gloo, a 25M-parameter MLP (100 MiB of gradients) on the GPU,
 #    with the staged sums on the host and then on the GPU (PSRT_STAGED_REDUCE), each beside gloo
 for side in host gpu; do
     PSRT_STAGED_REDUCE=$side timeout 150 mpirun -np 2 --bind-to none -x PSRT_STAGED_REDUCE "$PY" -m psrt.bench c10d \

@@ -38,12 +38,16 @@ def test_training_benchmark_rows(run_ranks, tmp_path):
 
 
 @pytest.mark.mpi
-def test_pingpong_fit(run_ranks, tmp_path):
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_pingpong_fit(run_ranks, tmp_path, device):
+    """The ping-pong's points and fit: of NumPy buffers through MPI, and (--device) of tensors
+    through the pipeline's sends, 16 MiB of them in four 4 MiB pieces."""
     out = tmp_path / "pp.json"
     # 1 and 16 MiB: far enough apart that a busy host still shows the larger one slower
     run_ranks(2, "-m", "psrt.bench", "pingpong", "--sizes", "8,64KiB,1MiB,16MiB", "--repeats", "2",
-              "--quiet", "--json", str(out), timeout=120).check()
+              "--quiet", "--json", str(out), *(["--device", device] if device else []), timeout=120).check()
     got = json.loads(out.read_text())
+    assert ("pipeline's sends of tensors on cpu" if device else "MPI_Send") in got["meta"]["through"]
     assert [p["nbytes"] for p in got["points"]] == [8, 65536, 1 << 20, 16 << 20]
     assert all(p["min_s"] <= p["one_way_s"] <= p["max_s"] for p in got["points"])
     assert got["fit"]["beta_s_per_byte"] > 0 and got["fit"]["alpha_s"] > 0

@@ -120,10 +120,10 @@ class P2P:
         dtype, shape = decode_header(header)
         buf = torch.empty(shape, dtype=dtype, device=device)
         if self._staged(buf.device):
-            self._recv_staged(buf.view(-1), source, tag)
+            self._recv_staged(buf.view(-1), source, tag, what)
         else:
             for s, n in self._pieces(buf.view(-1)):
-                self.comm.Recv(msg(buf.view(-1)[s:s + n]), source, tag)
+                self._arrived(self.comm.Irecv(msg(buf.view(-1)[s:s + n]), source, tag), source, what)
         if self.tracer.on:
             self.tracer.add("recv", "comm", t0, self.tracer.clock(), peer=source, tag=tag,
                             bytes=buf.numel() * buf.element_size())
@@ -154,7 +154,14 @@ class P2P:
             reqs.append(self.comm.Isend(msg(host), dest, tag))
         return slots
 
-    def _recv_staged(self, flat: torch.Tensor, source: int, tag: int) -> None:
+    def _arrived(self, req, source: int, what: str) -> None:
+        """Wait for one piece of a payload whose header came, with the receive's deadline: a
+        sender lost between its header and its payload is an error naming it, not a hang."""
+        poll(req.Test, self.timeout_s, lambda: (
+            f"pipeline rank {self.rank}: {what} from pipeline rank {source} stopped arriving after "
+            f"{self.timeout_s:g} s (did it fail?)"))
+
+    def _recv_staged(self, flat: torch.Tensor, source: int, tag: int, what: str) -> None:
         """Receive every piece into a slot at once, and copy each up as soon as it is in."""
         lanes = self._stager.lanes(flat.device)
         lanes.begin()
@@ -163,7 +170,7 @@ class P2P:
         hosts = [slot.view(flat.dtype)[:n] for slot, (_, n) in zip(slots, parts)]
         reqs = [self.comm.Irecv(msg(host), source, tag) for host in hosts]
         for (s, n), slot, host, req in zip(parts, slots, hosts, reqs):
-            req.Wait()
+            self._arrived(req, source, what)
             self._slots.give(slot, lanes.copy("up", flat[s:s + n], host), lanes)
         lanes.finish(flat)
 

@@ -25,8 +25,8 @@ def add_arguments(p) -> None:
     p.add_argument("--late-ms", type=float, default=20.0, help="how late the straggler of each step starts")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--batch-size", type=int, default=64, help="global batch")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
-                   help="where the model and batches live (cuda: GPU local_rank %% device_count)")
+    from psrt.dp import device
+    device.add_argument(p, "where the model and batches live")
     p.add_argument("--json", help="write the rows as JSON")
     p.add_argument("--quiet", action="store_true")
 

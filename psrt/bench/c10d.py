@@ -212,8 +212,8 @@ def add_arguments(ap) -> None:
     ap.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     ap.add_argument("--steps", type=int, default=3, help="steps per timed round")
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds (median)")
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
-                    help="where the models and batches live (each rank's GPU: local rank modulo the GPUs)")
+    from psrt.dp import device
+    device.add_argument(ap, "where the models and batches live")
     ap.add_argument("--json", metavar="FILE", help="also write the rows and goals as JSON")
     ap.add_argument("--quiet", action="store_true")
 

@@ -256,9 +256,9 @@ def add_arguments(c) -> None:
                         "requests; its floor is inplace's): rows ALGORITHM+CALL")
     add_size_arguments(c, "4", "64MiB")
     c.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"])
-    c.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
-                   help="where the tensors live; cuda adds the copy bandwidth, each algorithm on host "
-                        "tensors (host:ALGO), the staged model and torch.distributed's rows (bench/cuda.py)")
+    from psrt.dp import device
+    device.add_argument(c, "where the tensors live; cuda adds the copy bandwidth, each algorithm on host "
+                           "tensors (host:ALGO), the staged model and torch.distributed's rows (bench/cuda.py)")
     c.add_argument("--warmup", type=int, default=3)
     c.add_argument("--repeats", type=int, default=5)
     c.add_argument("--json", help="write points as JSON")

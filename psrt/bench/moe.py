@@ -31,9 +31,9 @@ def add_arguments(p) -> None:
     p.add_argument("--steps", type=int, default=5, help="training steps per model (0: no step comparison)")
     p.add_argument("--capacity-factor", type=float, default=1.25,
                    help="expert capacity factor of the MoE steps (padded dispatch sends all of it)")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
-                   help="where the exchanged tensors and the models live (cuda: GPU local_rank %% device_count; "
-                        "without a CUDA-aware MPI the exchange is staged through host memory)")
+    from psrt.dp import device
+    device.add_argument(p, "where the exchanged tensors and the models live (without a CUDA-aware MPI "
+                           "the exchange is staged through host memory)")
     p.add_argument("--json", help="write the rows as JSON")
     p.add_argument("--quiet", action="store_true")
 

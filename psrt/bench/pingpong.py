@@ -18,9 +18,9 @@ def add_arguments(p) -> None:
     from psrt.bench.collectives import add_size_arguments
     add_size_arguments(p, "8", "16MiB")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--device", choices=["cpu", "cuda", "auto"],
-                   help="ping-pong tensors on this device through the pipeline's sends instead of "
-                        "NumPy buffers through MPI (cuda: GPU local_rank %% device_count)")
+    from psrt.dp import device
+    device.add_argument(p, "ping-pong tensors on this device through the pipeline's sends instead of "
+                           "NumPy buffers through MPI", default=None)
     p.add_argument("--json", help="write points and fit as JSON")
     p.add_argument("--quiet", action="store_true")
 

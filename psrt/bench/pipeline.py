@@ -148,9 +148,8 @@ HELP = "pipeline bubble per schedule, activation memory and tensor-parallel byte
 def add_arguments(ap) -> None:
     ap.add_argument("--t-forward", type=float, default=0.03, help="forward time per stage (s)")
     ap.add_argument("--microbatches", default="4,8", help="micro-batch counts, comma list")
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
-                    help="where stages, activations and the tensor-parallel block live (cuda: GPU "
-                         "local_rank %% device_count)")
+    from psrt.dp import device
+    device.add_argument(ap, "where stages, activations and the tensor-parallel block live")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON (rank 0)")
 
 

@@ -236,8 +236,8 @@ def add_arguments(tr) -> None:
     tr.add_argument("--rounds", type=int, default=3)
     tr.add_argument("--trace", metavar="FILE", help="also time the ring with psrt.trace recording (row "
                     "ring+trace, the overhead) and write its Chrome-trace timeline to FILE")
-    tr.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
-                    help="where the models and batches live (each rank's GPU: local rank modulo the GPUs)")
+    from psrt.dp import device
+    device.add_argument(tr, "where the models and batches live")
     tr.add_argument("--json")
     tr.add_argument("--quiet", action="store_true")
 

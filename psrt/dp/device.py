@@ -14,6 +14,12 @@ from psrt.errors import PsrtError
 DEVICES = ("cpu", "cuda", "auto")
 
 
+def add_argument(parser, what: str, default: str | None = "cpu") -> None:
+    """`--device` of a command line: one of DEVICES, `what` saying what it places there."""
+    parser.add_argument("--device", default=default, choices=DEVICES,
+                        help=f"{what} (cuda: GPU local_rank %% device_count; auto: cuda where a GPU is visible)")
+
+
 def pick(name: str, local_rank: int) -> torch.device:
     """This rank's device for --device `name` (one of DEVICES); a one-line PsrtError for cuda
     where no GPU is visible."""

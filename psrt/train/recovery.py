@@ -22,14 +22,22 @@ from psrt import env
 SHARE = 20      # checkpoints per run when restarts are allowed and no --checkpoint-every is given
 
 
+def interval(checkpoint: str | None, every: int, total: int) -> int:
+    """Steps between checkpoints: --checkpoint-every, else every twentieth of the run when a
+    restart or an in-job recovery may read it back, else 0 (only the final one)."""
+    if every or not checkpoint:
+        return every
+    allowed = env.restarts()[0]
+    return max(1, total // SHARE) if allowed or env.in_job_recovery() else 0
+
+
 class Recovery:
     """What a run does about restarts: when to checkpoint, whether to resume, what to say."""
 
     def __init__(self, checkpoint: str | None, every: int, total: int, lead: bool, quiet: bool = False):
         self.allowed, self.count, self.failed_at = env.restarts()
         self.path = checkpoint
-        # restarts, or recovery inside the job of a state one rank held alone, read it back
-        self.every = every or (max(1, total // SHARE) if (self.allowed or env.in_job_recovery()) and checkpoint else 0)
+        self.every = interval(checkpoint, every, total)
         self.lead, self.quiet = lead, quiet
         self.reached: int | None = None   # the last step finished before the failure
         self._pending = False

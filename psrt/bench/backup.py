@@ -53,7 +53,7 @@ def train(world, dataset, backups: int, args, device) -> dict:
     from psrt.dp import strategy_class
     from psrt.dp.common import optimizer_factory
     from psrt.train.data import ShardedSampler
-    from psrt.train.loop import evaluate
+    from psrt.train.callbacks.evaluation import evaluate
     from psrt.train.models import build_model, loss_and_correct
     torch.manual_seed(0)
     model = build_model("mlp", dataset).to(device)

@@ -122,6 +122,13 @@ class TrainConfig:
     checkpoint_every: int = opt(0, "write --checkpoint every K steps (0: only at the end)", "output", metavar="K")
     resume: bool = opt(False, "continue from --checkpoint", "output")
     quiet: bool = opt(False, "no progress output, only the summary", "output")
+    tensorboard: str | None = opt(None, "write a TensorBoard log here, a run directory per strategy (DIR/<dp>): "
+                                  "loss, throughput, compute and communication time, bytes per axis, loss "
+                                  "scale per step, and the hyper-parameters (needs the tensorboard package)",
+                                  "output", metavar="DIR")
+    callback: str | None = opt(None, "your own components of the training loop, as module:Class (a comma "
+                               "list for several): subclasses of psrt.train.events.Callback, made with no "
+                               "arguments on every rank (see docs/training.md)", "output", metavar="MOD:CLASS")
 
     def __post_init__(self):
         self.dp_list = [d.strip() for d in self.dp.split(",")]
@@ -151,8 +158,7 @@ class TrainConfig:
             raise PsrtError(f"--timeout {self.timeout_s}: must be a positive number of seconds", everywhere=True)
         if self.bucket_mb is not None and not self.bucket_mb > 0:
             raise PsrtError(f"--bucket-mb {self.bucket_mb}: must be positive", everywhere=True)
-        if self.lr is None:
-            self.lr = DEFAULT_LR[self.optimizer]
+        self.lr = DEFAULT_LR[self.optimizer] if self.lr is None else self.lr
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise PsrtError(f"--lr {self.lr}: must be a positive finite number", everywhere=True)
         for name in ("momentum", "weight_decay", "bucket_mb"):
@@ -180,11 +186,19 @@ class TrainConfig:
         if self.pp * self.tp != 1 and self.model not in ("transformer", "moe"):
             raise PsrtError(f"--pp {self.pp} --tp {self.tp}: model parallelism splits the transformer; "
                             f"use --model transformer or moe (got --model {self.model})", everywhere=True)
+        self.check_outputs()
+
+    def check_outputs(self) -> None:
+        """The output flags that need one another, and --callback's names (imported later)."""
         if self.resume and not self.checkpoint:
             raise PsrtError("--resume needs --checkpoint FILE (the checkpoint to continue from)",
                             everywhere=True)
         if self.checkpoint_every and not self.checkpoint:
             raise PsrtError("--checkpoint-every needs --checkpoint FILE", everywhere=True)
+        for name in (self.callback or "").split(","):
+            if not IMPORT_PATH.fullmatch(name.strip()) and (name.strip() or self.callback):
+                raise PsrtError(f"--callback {name.strip()!r}: expected module:Class with a dotted module "
+                                "name and a class's name (e.g. mypkg.hooks:StepCounter)", everywhere=True)
 
     def check_moe(self, own: bool) -> None:
         """--model moe and its flags: each a one-line error, before anything starts."""
@@ -245,14 +259,18 @@ def check_name(field_name: str, value: str, builtin: tuple[str, ...]) -> None:
 
 def check_paths(cfg: TrainConfig) -> None:
     """Fail before training, not after it, when an output cannot be written."""
-    for name in ("metrics", "trace", "save", "checkpoint"):
+    for name in ("metrics", "trace", "save", "checkpoint", "tensorboard"):
         path = getattr(cfg, name)
         if path:
             directory = os.path.dirname(os.path.abspath(path))
+            if name == "tensorboard":                  # a directory, made if need be
+                if os.path.exists(path) and not os.path.isdir(path):
+                    raise PsrtError(f"--tensorboard {path}: is a file, expected a directory", everywhere=True)
+                directory = path if os.path.isdir(path) else directory
             if not os.path.isdir(directory):
-                raise PsrtError(f"--{name} {path}: directory {directory} does not exist", everywhere=True)
-            if os.path.isdir(path):
-                raise PsrtError(f"--{name} {path}: is a directory, expected a file name", everywhere=True)
+                raise PsrtError(f"{flag(name)} {path}: directory {directory} does not exist", everywhere=True)
+            if name != "tensorboard" and os.path.isdir(path):
+                raise PsrtError(f"{flag(name)} {path}: is a directory, expected a file name", everywhere=True)
 
 
 def plan_batch(cfg: TrainConfig, world_size: int) -> str | None:

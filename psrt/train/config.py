@@ -12,6 +12,7 @@ import dataclasses
 import math
 import os
 import re
+import tempfile
 import typing
 from dataclasses import dataclass, field
 
@@ -258,19 +259,37 @@ def check_name(field_name: str, value: str, builtin: tuple[str, ...]) -> None:
 
 
 def check_paths(cfg: TrainConfig) -> None:
-    """Fail before training, not after it, when an output cannot be written."""
+    """Fail before training, not after it, when an output cannot be written: its directory
+    must exist and take a new file (a read-only one, or one on a read-only file system, is
+    refused now rather than at the first checkpoint or the final save)."""
     for name in ("metrics", "trace", "save", "checkpoint", "tensorboard"):
         path = getattr(cfg, name)
-        if path:
-            directory = os.path.dirname(os.path.abspath(path))
-            if name == "tensorboard":                  # a directory, made if need be
-                if os.path.exists(path) and not os.path.isdir(path):
-                    raise PsrtError(f"--tensorboard {path}: is a file, expected a directory", everywhere=True)
-                directory = path if os.path.isdir(path) else directory
-            if not os.path.isdir(directory):
-                raise PsrtError(f"{flag(name)} {path}: directory {directory} does not exist", everywhere=True)
-            if name != "tensorboard" and os.path.isdir(path):
-                raise PsrtError(f"{flag(name)} {path}: is a directory, expected a file name", everywhere=True)
+        if not path:
+            continue
+        directory = os.path.dirname(os.path.abspath(path))
+        if name == "tensorboard":                  # a directory, made if need be
+            if os.path.exists(path) and not os.path.isdir(path):
+                raise PsrtError(f"--tensorboard {path}: is a file, expected a directory", everywhere=True)
+            directory = path if os.path.isdir(path) else directory
+        if not os.path.isdir(directory):
+            raise PsrtError(f"{flag(name)} {path}: directory {directory} does not exist", everywhere=True)
+        if name != "tensorboard" and os.path.isdir(path):
+            raise PsrtError(f"{flag(name)} {path}: is a directory, expected a file name", everywhere=True)
+        why = unwritable(directory)
+        if why:
+            raise PsrtError(f"{flag(name)} {path}: cannot write in {directory} ({why})", everywhere=True)
+
+
+def unwritable(directory: str) -> str | None:
+    """Why no file can be made in `directory`, or None: a real attempt, since permission bits
+    say nothing of a read-only file system, nor of root."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".psrt-probe-")
+    except OSError as err:
+        return err.strerror or str(err)
+    os.close(fd)
+    os.unlink(probe)
+    return None
 
 
 def plan_batch(cfg: TrainConfig, world_size: int) -> str | None:

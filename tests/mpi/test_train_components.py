@@ -72,3 +72,18 @@ def test_components_in_a_data_parallel_loop(tmp_path):
     logged = scalars(tmp_path / "tb" / "ring", "loss")
     assert sorted(logged) == [1, 2, 3, 4, 5]
     assert all(logged[r["step"]] == pytest.approx(r["loss"], rel=1e-6) for r in lines)
+
+
+@pytest.mark.parametrize("flag", ["--checkpoint", "--save", "--metrics", "--trace"])
+def test_an_output_that_cannot_be_written_is_refused_before_the_first_step(tmp_path, flag):
+    """/proc takes no new file, root or not: refused at once in one line, not at the first
+    checkpoint or after the whole run."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))}
+    out = subprocess.run([sys.executable, "-m", "psrt.train", "--steps", "50", flag, "/proc/psrt-out.pt"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path, stdin=subprocess.DEVNULL,
+                         env=dict(env, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"))
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"psrt.train: error: {flag} /proc/psrt-out.pt: cannot write in /proc"), \
+        out.stderr
+    assert "steps" not in out.stderr

@@ -21,6 +21,7 @@ from psrt.train.callbacks.metrics import Metrics
 from psrt.train.callbacks.progress import Progress
 from psrt.train.callbacks.restarts import Restarts
 from psrt.train.callbacks.routing import Routing
+from psrt.train.callbacks.saving import save
 from psrt.train.callbacks.summary import Summary
 from psrt.train.config import TrainConfig
 from psrt.train.events import EVENTS, Callback, Events, WithCallbacks
@@ -317,6 +318,18 @@ def test_evaluation_on_the_lead_worker():
     mine = {}
     e.on_gather(run, mine)
     assert mine["test_loss"] == pytest.approx(1.0)
+
+
+def test_a_save_that_fails_keeps_the_parameters_and_names_where(tmp_path):
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(PsrtError) as err:
+        save(model, "/proc/psrt-final.pt")   # no file can be made there, root or not
+    message = str(err.value)
+    assert message.startswith("--save /proc/psrt-final.pt: cannot write it") and "\n" not in message
+    spare = message.rsplit(" ", 1)[-1]
+    state = torch.load(spare, weights_only=True)
+    assert torch.equal(state["weight"], model.weight.detach())
+    Path(spare).unlink()
 
 
 def test_user_components_by_name_each_error_one_line():

@@ -138,7 +138,8 @@ VARIABLES = {v.name: v for v in (
              "the last step they all finished; see docs/reliability.md)"),
     Variable("PSRT_KILL_AT", _ranks_step, "RANK[,RANK...]:STEP, e.g. 2:31", None,
              "fault injection: each rank the launcher numbered RANK ends itself with SIGKILL before "
-             "`psrt.train`'s step STEP (1-based), as a crash would (tests, `psrt.bench recovery`)"),
+             "`psrt.train`'s step STEP (1-based), as a crash would, in the first start only (not again in a "
+             "restart of `mpi_launch --restarts`; tests, `psrt.bench recovery`)"),
 )}
 
 

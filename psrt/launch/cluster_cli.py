@@ -14,6 +14,7 @@ from psrt.launch import slurm
 from psrt.launch.cluster import (DEFAULT_SUBNET, SSH_DIR, Cluster, _alive, down, exec_argv, fail, job_env,
                                  mpi_flags, recorded, require_netns, revive, running, up)
 from psrt.launch.hostfile import parse_hostfile, parse_hosts
+from psrt.launch.logs import keeping_logs
 from psrt.launch.mpi import find_mpirun, mpi_flavour, run_job
 from psrt.launch.plan import plan_mpirun
 from psrt.launch.restart import answers
@@ -42,16 +43,20 @@ def launch(req, flavour: str, mpirun: str, env, cores: int, args, dry_run: bool 
         print(shlex.join(exec_argv(cluster.hosts[0], plan.argv)))
         return 0
 
-    def start(request, extra):
-        job_env = {**env, **extra}
-        p = planned(request, job_env) if extra else plan
-        # mpirun runs on the first host of this attempt (a lost first host is left out)
-        return run_job(exec_argv(request.hosts[0].name, p.argv), {**job_env, **p.env},
-                       quiet_exit=flavour.startswith("openmpi"))
-    with running(cluster):
+    def run(logs):
+        def start(request, extra):
+            job_env = {**env, **extra}
+            p = planned(request, job_env) if extra else plan
+            # mpirun runs on the first host of this attempt (a lost first host is left out)
+            return run_job(exec_argv(request.hosts[0].name, p.argv), {**job_env, **p.env},
+                           quiet_exit=flavour.startswith("openmpi"), logs=logs)
         if restarting is None:
             return start(req, {})
         return restarting(req, start, probe=lambda host: answers(host, ssh=str(SSH_DIR / "ssh")))
+    with running(cluster):
+        # every start of the job keeps its notices in one directory (psrt/launch/logs.py)
+        return keeping_logs(run, say=lambda line: print(f"mpi_launch: {line}", file=sys.stderr, flush=True),
+                            environ=env)
 
 
 def _cluster_from(args) -> Cluster:

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.mpi
 
 def test_a_killed_rank_on_a_living_host_restarts_with_every_rank(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_COMM_", "PMIX_", "PSRT_"))}
-    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", PSRT_TIMEOUT="20", PSRT_KILL_AT="1:5")
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", PSRT_TIMEOUT="20", PSRT_KILL_AT="1:5",
+               PSRT_LOG_DIR=str(tmp_path / "logs"))
     argv = [sys.executable, str(ROOT / "mpi_launch"), "--restarts", "1", "-np", "4",
             sys.executable, "-m", "psrt.train", "--dp", "ring", "--steps", "8", "--batch-size", "32",
             "--width", "16", "--seed", "5", "--quiet", "--checkpoint", str(tmp_path / "ck.pt"),
@@ -30,3 +31,5 @@ def test_a_killed_rank_on_a_living_host_restarts_with_every_rank(tmp_path):
     assert "mpi_launch: restart 1: 4 rank(s) on localhost, from the last checkpoint" in log, log
     assert "psrt.train: restart 1: ring continues from step 4" in log, log
     assert "not answering" not in log, log
+    # the job ended cleanly, after its restart: nothing of it is left in the log directory
+    assert not list((tmp_path / "logs").glob("*")), list((tmp_path / "logs").rglob("*"))

@@ -195,7 +195,7 @@ def test_under_srun_a_restart_is_a_step_on_the_nodes_that_answer(tmp_path, monke
     assert [h.slots for h in srun.allocation({**env, "SLURM_CPUS_PER_TASK": "2"})] == [2, 1, 1]
     runs = []
     codes = iter([137, 0])
-    monkeypatch.setattr(srun, "run_job", lambda argv, e, quiet_exit: runs.append((argv, e)) or next(codes))
+    monkeypatch.setattr(srun, "run_job", lambda argv, e, quiet_exit, logs=None: runs.append((argv, e)) or next(codes))
     req = Request(command=("python", "-m", "psrt.train"), hosts=parse_hosts("localhost"), np=6)
     code = srun.run_restarting_srun(req, env, Policy(2), say=lambda s: None, probe=lambda n: n != "c2")
     assert code == 0 and len(runs) == 2

@@ -119,9 +119,14 @@ VARIABLES = {v.name: v for v in (
     Variable("PSRT_TRACEBACK", _flag, "0 or 1", False,
              "`1`: print the full traceback before the one-line error"),
     Variable("PSRT_MPI_LOG", str, "a file name", None,
-             "set by `mpi_launch` and `python -m psrt.cluster run` for their ranks: the file "
-             "keeping the MPI library's abort notices they leave out of stderr, named in the "
-             "one-line error of a rank's uncaught exception"),
+             "set by `mpi_launch` (under Open MPI, and under srun with `--restarts`) for its ranks: the "
+             "file, in the job's directory of `PSRT_LOG_DIR`, keeping the MPI library's abort notices "
+             "it leaves out of stderr, named in the one-line error of a rank's uncaught exception"),
+    Variable("PSRT_LOG_DIR", str, "a directory", None,
+             "where `mpi_launch` keeps each job's log files, one directory per job "
+             "(`YYYYmmdd-HHMMSS-PID-XXXX`, a file per start: `mpi.log`, `mpi-restart1.log`, ...): "
+             "removed when the job ends with exit 0, kept and printed in one line when it fails "
+             "(default `psrt-logs-UID` in the temporary directory, `$TMPDIR` or `/tmp`)"),
     Variable("PSRT_RESTARTS", _count, "0 or more", 0,
              "set by `mpi_launch --restarts N` for its ranks: N, the restarts allowed (`psrt.train` "
              "then writes a checkpoint every few steps unless told `--checkpoint-every`)"),
@@ -138,7 +143,8 @@ VARIABLES = {v.name: v for v in (
              "the last step they all finished; see docs/reliability.md)"),
     Variable("PSRT_KILL_AT", _ranks_step, "RANK[,RANK...]:STEP, e.g. 2:31", None,
              "fault injection: each rank the launcher numbered RANK ends itself with SIGKILL before "
-             "`psrt.train`'s step STEP (1-based), as a crash would (tests, `psrt.bench recovery`)"),
+             "`psrt.train`'s step STEP (1-based), as a crash would, in the first start only (not again in a "
+             "restart of `mpi_launch --restarts`; tests, `psrt.bench recovery`)"),
 )}
 
 
@@ -217,6 +223,11 @@ def traceback() -> bool:
 
 def mpi_log() -> str | None:
     return get("PSRT_MPI_LOG")
+
+
+def log_dir(environ=os.environ) -> str | None:
+    """PSRT_LOG_DIR (None: the launcher's default, psrt.launch.logs.root)."""
+    return get("PSRT_LOG_DIR", environ)
 
 
 def restarts() -> tuple[int, int, float | None]:

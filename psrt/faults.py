@@ -114,9 +114,11 @@ def uninstall() -> None:
 def kill_if_asked(step: int) -> None:
     """SIGKILL this process before training step `step` when PSRT_KILL_AT names its launcher
     rank (among others) and that step: a crash at a known moment, for tests of recovery and its benchmark.
-    The line it prints first gives the moment (seconds since the epoch)."""
+    The line it prints first gives the moment (seconds since the epoch).  Only the first start
+    crashes: a restart (PSRT_RESTART_COUNT 1 or more) inherits the variable and resumes from a
+    checkpoint taken before that step, and would otherwise crash again at the same step."""
     asked = env.kill_at()
-    if asked is None or asked[1] != step or launcher_rank() not in asked[0]:
+    if asked is None or asked[1] != step or launcher_rank() not in asked[0] or env.restarts()[1]:
         return
     print(f"psrt: PSRT_KILL_AT: rank {launcher_rank()} killed before step {step} at {time.time():.3f}",
           file=sys.stderr, flush=True)

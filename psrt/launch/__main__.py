@@ -15,6 +15,7 @@ import sys
 from psrt.errors import ArgumentParser, PsrtError, cli_main
 from psrt.launch import cluster_cli
 from psrt.launch.hostfile import parse_hostfile, parse_hosts
+from psrt.launch.logs import keeping_logs
 from psrt.launch.mpi import check_ulfm, find_mpirun, mpi_flavour, resolve_program, run_job
 from psrt.launch.plan import FLAVOURS, ROOT, Request, plan_mpirun, plan_srun
 from psrt.launch.restart import Policy, answers, run_restarting, ssh_for
@@ -146,12 +147,15 @@ def main(argv: list[str] | None = None) -> int:
         print(plan.shell())
         return 0
 
-    def start(request, extra):
-        # planned again with the restart's variables, which the ranks of every host must see
-        job_env = {**env, **extra}
-        p = plan_mpirun(request, flavour, mpirun, job_env, cores) if extra else plan
-        return run_job(p.argv, {**job_env, **p.env}, quiet_exit=flavour.startswith("openmpi"))
-    return restarting(req, start, cores, args, env)
+    def run(logs):
+        def start(request, extra):
+            # planned again with the restart's variables, which the ranks of every host must see
+            job_env = {**env, **extra}
+            p = plan_mpirun(request, flavour, mpirun, job_env, cores) if extra else plan
+            return run_job(p.argv, {**job_env, **p.env}, quiet_exit=flavour.startswith("openmpi"), logs=logs)
+        return restarting(req, start, cores, args, env)
+    # every start of the job keeps its notices in one directory (psrt/launch/logs.py)
+    return keeping_logs(run, say=lambda line: _say([line]), environ=env)
 
 
 def restarting(req, start, cores: int, args, env, probe=None) -> int:

@@ -311,6 +311,30 @@ def revive(host: str) -> None:
     _run(["ip", "-n", host, "link", "set", IFACE, "up"], f"bringing {host}'s link up")
 
 
+def host_states(cluster: Cluster) -> dict[str, str]:
+    """Each host's state as the launch agent finds it when MPI or a restart asks: `up`;
+    `failed` (its link is down: `fail HOST`); `gone` (its namespace was removed behind the
+    cluster's back); `unreachable` (its link is gone: a veth pair goes with either end);
+    `unknown` where namespaces cannot be looked into (not root)."""
+    present = existing_namespaces()
+    states = {}
+    for h in cluster.hosts:
+        if h not in present:
+            states[h] = "gone (its namespace no longer exists; `down` clears the rest)"
+        elif os.geteuid() != 0:
+            states[h] = "unknown (looking into a namespace needs root)"
+        else:
+            out = _run(["ip", "-n", h, "-o", "link", "show", "dev", IFACE], f"asking {h}", check=False)
+            flags = re.search(r"<([^>]*)>", out.stdout)
+            if out.returncode != 0 or flags is None:
+                states[h] = f"unreachable (no {IFACE})"
+            elif "UP" in flags.group(1).split(","):
+                states[h] = "up"
+            else:
+                states[h] = f"failed (link down; `python -m psrt.cluster revive {h}` brings it back)"
+    return states
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -11,9 +11,10 @@ import sys
 
 from psrt.errors import ArgumentParser, PsrtError, cli_main
 from psrt.launch import slurm
-from psrt.launch.cluster import (DEFAULT_SUBNET, SSH_DIR, Cluster, _alive, down, exec_argv, fail, job_env,
-                                 mpi_flags, recorded, require_netns, revive, running, up)
+from psrt.launch.cluster import (DEFAULT_SUBNET, SSH_DIR, Cluster, _alive, down, exec_argv, fail, host_states,
+                                 job_env, mpi_flags, recorded, require_netns, revive, running, up)
 from psrt.launch.hostfile import parse_hostfile, parse_hosts
+from psrt.launch.logs import keeping_logs
 from psrt.launch.mpi import find_mpirun, mpi_flavour, run_job
 from psrt.launch.plan import plan_mpirun
 from psrt.launch.restart import answers
@@ -42,16 +43,20 @@ def launch(req, flavour: str, mpirun: str, env, cores: int, args, dry_run: bool 
         print(shlex.join(exec_argv(cluster.hosts[0], plan.argv)))
         return 0
 
-    def start(request, extra):
-        job_env = {**env, **extra}
-        p = planned(request, job_env) if extra else plan
-        # mpirun runs on the first host of this attempt (a lost first host is left out)
-        return run_job(exec_argv(request.hosts[0].name, p.argv), {**job_env, **p.env},
-                       quiet_exit=flavour.startswith("openmpi"))
-    with running(cluster):
+    def run(logs):
+        def start(request, extra):
+            job_env = {**env, **extra}
+            p = planned(request, job_env) if extra else plan
+            # mpirun runs on the first host of this attempt (a lost first host is left out)
+            return run_job(exec_argv(request.hosts[0].name, p.argv), {**job_env, **p.env},
+                           quiet_exit=flavour.startswith("openmpi"), logs=logs)
         if restarting is None:
             return start(req, {})
         return restarting(req, start, probe=lambda host: answers(host, ssh=str(SSH_DIR / "ssh")))
+    with running(cluster):
+        # every start of the job keeps its notices in one directory (psrt/launch/logs.py)
+        return keeping_logs(run, say=lambda line: print(f"mpi_launch: {line}", file=sys.stderr, flush=True),
+                            environ=env)
 
 
 def _cluster_from(args) -> Cluster:
@@ -91,7 +96,7 @@ def _parser() -> ArgumentParser:
     dn = sub.add_parser("down", help="remove clusters (default: every one no process owns)")
     shape_opts(dn, hosts_required=False)
     dn.add_argument("--force", action="store_true", help="also those a running job owns")
-    sub.add_parser("status", help="list the clusters that are up")
+    sub.add_parser("status", help="list the clusters that are up and the state of each host")
     for action, what in (("fail", "emulate a lost host: kill everything on it and take its link down"),
                          ("revive", "bring a failed host's link back up")):
         sub.add_parser(action, help=what).add_argument("host")
@@ -115,9 +120,15 @@ def _flavour() -> str:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.action == "status":
-        for cluster, owner in recorded():
-            who = f"owned by pid {owner}" if owner else "up until `down`"
+        clusters = recorded()
+        if not clusters:
+            print("no emulated cluster is up")
+        for cluster, owner in clusters:
+            who = "up until `down`" if not owner else f"owned by pid {owner}" if _alive(owner) else \
+                f"owned by pid {owner}, which has ended: `down` removes it"
             print(f"{cluster.describe()[0]} ({who})")
+            for host, state in host_states(cluster).items():
+                print(f"  {host}: {state}")
         return 0
     if args.action == "down":
         if args.hostfile or args.hosts:

@@ -7,11 +7,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 from psrt.errors import PsrtError
+from psrt.launch.logs import JobLogs, keeping_logs
 from psrt.launch.plan import in_job_flags
 
 
@@ -203,7 +203,7 @@ def _reap(pids) -> None:
             pass
 
 
-def run_job(argv, env, quiet_exit: bool = False) -> int:
+def run_job(argv, env, quiet_exit: bool = False, logs: JobLogs | None = None) -> int:
     """Run a launcher in the foreground and return its exit code (128 + N for signal N).
 
     SIGINT, SIGTERM and SIGHUP sent to this process are passed to the launcher, which stops
@@ -211,31 +211,36 @@ def run_job(argv, env, quiet_exit: bool = False) -> int:
     killed (SIGKILL), every process below this one, and the code is 128 + the signal.
     `quiet_exit` (Open MPI's mpirun) leaves its notices of non-zero exits and MPI_Abort out
     of stderr, so a failure stays the one line psrt's rank printed; they are kept in a file
-    the ranks are told of (PSRT_MPI_LOG), removed when nothing was kept.
+    of the job's log directory (`logs`, psrt/launch/logs.py; without it this run is the
+    whole job), which the ranks are told of (PSRT_MPI_LOG).
     """
+    if quiet_exit and logs is None:
+        return keeping_logs(lambda own: run_job(argv, env, True, own),
+                            say=lambda line: print(f"psrt: {line}", file=sys.stderr, flush=True), environ=env)
     _adopt_orphans()
     log = None
     if quiet_exit:
         # The notices left out are kept in a file the ranks' error lines name (PSRT_MPI_LOG).
-        fd, log = tempfile.mkstemp(prefix="psrt-mpi-", suffix=".log")
-        os.close(fd)
+        log = logs.new_file()
         env = {**env, "PSRT_MPI_LOG": log}
     proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE if quiet_exit else None,
                             text=True, errors="replace")
     copier, ending = None, Ending()
     if quiet_exit:
+        def shown(text):
+            ending.see(text)
+            if RANK_ERROR.search(text):
+                logs.said_by_rank = True     # the failure's one line, which names the log itself
+            sys.stderr.write(text)
+            sys.stderr.flush()
+
         def copy():
             with open(log, "a") as kept:
-                drop_exit_banners(proc.stderr,
-                                  lambda text: (ending.see(text), sys.stderr.write(text), sys.stderr.flush()),
+                drop_exit_banners(proc.stderr, shown,
                                   lambda text: (ending.see(text), kept.write(text), kept.flush()))
         copier = threading.Thread(target=copy, name="psrt-stderr", daemon=True)
         copier.start()
-    try:
-        return _supervise(proc, copier, ending)
-    finally:
-        if log is not None and os.path.exists(log) and os.path.getsize(log) == 0:
-            os.unlink(log)
+    return _supervise(proc, copier, ending)
 
 
 def _supervise(proc, copier, ending: Ending) -> int:

@@ -2,12 +2,15 @@
 
 `mpi_launch --restarts N` runs the job; when it fails it asks every host of the hostfile
 whether it answers (the way MPI reaches it: ssh, or the emulated cluster's agent), and starts
-the same command again on those that do, with as many ranks as they have slots (never more
-than asked for), at most N times.  The ranks learn of it from the environment
-(PSRT_RESTART_COUNT, like torchrun's TORCHELASTIC_RESTART_COUNT; PSRT_FAILED_AT, the time the
-failure was seen), and `python -m psrt.train` then continues from its last complete
-checkpoint: the data-parallel strategies compute the same training at any number of workers
-for a fixed global batch, and sharded state reshards on load (see docs/fault_tolerance.md).
+the same command again on those that do, at most N times.  When every host answers (a rank
+died, not a host) the job starts again as asked, -np included: a slot count is a limit only
+for the hosts that are gone.  When hosts are lost the survivors run as many ranks as they have
+slots (never more than asked for), and a job that shrinks says so in one line.  The ranks
+learn of it from the environment (PSRT_RESTART_COUNT, like torchrun's
+TORCHELASTIC_RESTART_COUNT; PSRT_FAILED_AT, the time the failure was seen), and
+`python -m psrt.train` then continues from its last complete checkpoint: the data-parallel
+strategies compute the same training at any number of workers for a fixed global batch, and
+sharded state reshards on load (see docs/fault_tolerance.md).
 
 The policy here is the launchers' own: each passes `run_restarting` its probe (here `answers`,
 ssh as mpirun reaches a host; the emulated cluster's agent; under srun a one-task step on a
@@ -77,19 +80,27 @@ def worth_retrying(code: int) -> str | None:
 
 
 def next_request(original, cores: int, policy: Policy, probe=answers, say=print):
-    """The request for the next attempt: the hosts of `original` that answer, with
-    min(asked, their slots) ranks; PsrtError when that is under policy.min_np."""
+    """The request for the next attempt, on the hosts of `original` that answer.
+
+    Every host answers: `original` as it is, with its -np (or one rank per slot, as at the
+    first start); a slotless localhost runs more ranks than cores as it did then (plan.place).
+    Hosts lost: min(asked, the survivors' slots) ranks, said in one line with the reason when
+    that is fewer than asked.  PsrtError when no host answers or the count is under
+    policy.min_np."""
     alive = survivors(original.hosts, probe)
     lost = [h.name for h in original.hosts if h not in alive]
     if not alive:
         raise PsrtError("no host of the job answers: nothing to restart on")
+    asked = original.np if original.np is not None else sum(slots_of(h, cores) for h in original.hosts)
     slots = sum(slots_of(h, cores) for h in alive)
-    np_ = slots if original.np is None else min(original.np, slots)
+    np_ = min(asked, slots) if lost else asked
     if np_ < policy.min_np:
         raise PsrtError(f"{np_} rank(s) left on {', '.join(h.name for h in alive)} "
                         f"({', '.join(lost) or 'no host'} lost), under --min-np {policy.min_np}")
     if lost:
-        say(f"not answering: {', '.join(lost)}")
+        shrinks = (f"; {np_} rank(s) instead of {asked}: the slots of the hosts that answer "
+                   f"({', '.join(f'{h.name} {slots_of(h, cores)}' for h in alive)})") if np_ < asked else ""
+        say(f"not answering: {', '.join(lost)}{shrinks}")
     # A hostfile passed on as it is would name the lost hosts too: the survivors go as a list.
     return dataclasses.replace(original, hosts=alive, hostfile=None if lost else original.hostfile, np=np_)
 

@@ -23,6 +23,7 @@ import subprocess
 
 from psrt.errors import PsrtError
 from psrt.launch.hostfile import Host
+from psrt.launch.logs import keeping_logs
 from psrt.launch.mpi import run_job
 from psrt.launch.plan import plan_srun
 from psrt.launch.restart import PROBE_TIMEOUT_S, Policy, run_restarting
@@ -120,13 +121,16 @@ def run_restarting_srun(req, env, policy: Policy, say, srun: str = "srun", probe
     whole = dataclasses.replace(req, hosts=allocation(env), hostfile=None, np=asked)
     probe = probe or (lambda node: step_starts(node, srun))
 
-    def start(request, extra):
-        job_env = {**env, **extra}
-        # The first step is placed by the allocation; a restart names its nodes.
-        nodes = None if "PSRT_RESTART_COUNT" not in extra else tuple(h.name for h in request.hosts)
-        plan = plan_srun(request, srun, job_env, nodes=nodes)
-        # quiet_exit: srun waits for a lost node's tasks until slurmctld declares it DOWN;
-        # run_job ends it ABORT_GRACE_S after the survivors' abort notice (mpi.Ending).
-        return run_job(plan.argv, {**job_env, **plan.env}, quiet_exit=True)
-    return run_restarting(whole, start, cores=1, policy=policy, probe=probe, say=say,
-                          precheck=lambda: require_running(env))
+    def run(logs):
+        def start(request, extra):
+            job_env = {**env, **extra}
+            # The first step is placed by the allocation; a restart names its nodes.
+            nodes = None if "PSRT_RESTART_COUNT" not in extra else tuple(h.name for h in request.hosts)
+            plan = plan_srun(request, srun, job_env, nodes=nodes)
+            # quiet_exit: srun waits for a lost node's tasks until slurmctld declares it DOWN;
+            # run_job ends it ABORT_GRACE_S after the survivors' abort notice (mpi.Ending).
+            return run_job(plan.argv, {**job_env, **plan.env}, quiet_exit=True, logs=logs)
+        return run_restarting(whole, start, cores=1, policy=policy, probe=probe, say=say,
+                              precheck=lambda: require_running(env))
+    # every step of the job keeps its notices in one directory (psrt/launch/logs.py)
+    return keeping_logs(run, say=say, environ=env)

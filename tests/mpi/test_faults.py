@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from conftest import MPI_SCRIPTS, ROOT, RankRun, mpirun_argv
@@ -116,16 +117,16 @@ def test_dead_worker_ends_a_parameter_server_job(mode, dp):
     assert not leftovers(tag)
 
 
-def test_a_users_error_is_one_line_per_rank_naming_the_users_line():
+def test_a_users_error_is_one_line_per_rank_naming_the_users_line(tmp_path):
     """A user's script (no hook of its own) raising inside torch on one rank, and on two ranks
     at once, under mpi_launch: at most one line per rank on stderr, none cut into another,
     each naming the user's file and line before torch's, nothing of MPI's abort notice, which
-    is kept in the file the line names."""
+    is kept in the file the line names, in the job's directory of PSRT_LOG_DIR."""
     script = MPI_SCRIPTS / "user_error.py"
     line = next(i for i, text in enumerate(script.read_text().splitlines(), 1) if "# LINE" in text)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_COMM_", "PMIX_", "PSRT_"))}
     env.pop("OMP_NUM_THREADS", None)            # (mpi_launch would note that it keeps it)
-    env["PYTHONPATH"] = str(ROOT)
+    env.update(PYTHONPATH=str(ROOT), PSRT_LOG_DIR=str(tmp_path))
     procs = {ranks: subprocess.Popen([str(ROOT / "mpi_launch"), "-np", "2", sys.executable, str(script), ranks],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                      stdin=subprocess.DEVNULL)
@@ -144,8 +145,8 @@ def test_a_users_error_is_one_line_per_rank_naming_the_users_line():
             assert text.count("psrt: error") == 1, text
         logs = {text.rsplit("(MPI's abort notice: ", 1)[1].rstrip(")") for text in lines}
         assert len(logs) == 1, lines
-        with open(logs.pop()) as f:          # the abort notice, or the daemon's error line
-            kept = f.read()                  # two aborts at once leave in its place
-        os.unlink(f.name)
+        log = Path(logs.pop())
+        assert log.parent.parent == tmp_path and log.name == "mpi.log", log
+        kept = log.read_text()      # the abort notice, or the daemon's error line two aborts at once leave in its place
         assert "MPI_ABORT was invoked" in kept or "ORTE_ERROR_LOG" in kept, kept
         assert "MPI_ABORT" not in err and "ORTE" not in err and "----" not in err

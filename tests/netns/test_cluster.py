@@ -280,6 +280,20 @@ def test_cli_up_status_exec_down(names, capfd):
     out = capfd.readouterr().out.split()
     assert out[0] == hosts[1] and out[1:3] == [C.Cluster(hosts, subnet).address(hosts[0]), hosts[0]]
     assert sorted(out[3:]) == ["eth0", "lo"]
+    # status says each host's state: failed (fail HOST), back (revive HOST), gone (its namespace removed)
+    assert CLI.main(["fail", hosts[1]]) == 0
+    capfd.readouterr()
+    assert CLI.main(["status"]) == 0
+    out = capfd.readouterr().out
+    assert f"\n  {hosts[0]}: up\n" in out and f"\n  {hosts[1]}: failed (link down; " in out, out
+    assert CLI.main(["revive", hosts[1]]) == 0 and CLI.main(["status"]) == 0
+    assert f"\n  {hosts[1]}: up\n" in capfd.readouterr().out
+    subprocess.run(["ip", "netns", "del", hosts[1]], check=True)
+    assert CLI.main(["status"]) == 0
+    out = capfd.readouterr().out
+    # the veth pair goes with either end: the other host is left without a link
+    assert f"\n  {hosts[1]}: gone (its namespace no longer exists" in out, out
+    assert f"\n  {hosts[0]}: unreachable (no eth0)\n" in out, out
     assert CLI.main(["down", *spec]) == 0
     assert_gone(C.Cluster(hosts, subnet))
 

@@ -15,7 +15,8 @@ GOOD = {"PSRT_TIMEOUT": ("12.5", 12.5), "PSRT_CHECK": ("all", "all"), "PSRT_CUDA
         "PSRT_TUNING": ("t.json", "t.json"), "PSRT_RING_SEGMENT": ("65536", 65536),
         "PSRT_MASTER_ADDR": ("198.18.0.1", "198.18.0.1"), "PSRT_TRACEBACK": ("1", True),
         "PSRT_YIELD": ("0", False), "PSRT_ALGORITHM": ("ps", "ps"), "PSRT_HOSTS": ("0,0,1", (0, 0, 1)),
-        "PSRT_MPI_LOG": ("/tmp/psrt-mpi-x.log", "/tmp/psrt-mpi-x.log"), "PSRT_RESTARTS": ("2", 2),
+        "PSRT_MPI_LOG": ("/tmp/psrt-logs-0/j/mpi.log", "/tmp/psrt-logs-0/j/mpi.log"),
+        "PSRT_LOG_DIR": ("/var/tmp/psrt-logs", "/var/tmp/psrt-logs"), "PSRT_RESTARTS": ("2", 2),
         "PSRT_RESTART_COUNT": ("1", 1), "PSRT_FAILED_AT": ("1795685427.96", 1795685427.96),
         "PSRT_IN_JOB_RECOVERY": ("1", True), "PSRT_KILL_AT": ("2,3:31", ((2, 3), 31))}
 BAD = {"PSRT_TIMEOUT": ["-3", "0", "soon", "inf"], "PSRT_CHECK": ["most"], "PSRT_CUDA_AWARE": ["yes", "2"],

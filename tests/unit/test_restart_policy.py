@@ -40,6 +40,33 @@ def test_survivors_get_the_job_with_their_slots_and_the_hostfile_is_not_passed_o
     assert same.np == 8 and same.hostfile == "hostfiles/two_nodes"     # a crash, no host lost
 
 
+def test_a_rank_lost_on_a_host_that_answers_keeps_np():
+    """-np 4 on this machine with no slot count (2 cores here: mpirun oversubscribes): a killed
+    rank leaves the host there, and the restart runs the 4 ranks asked for, not the core count."""
+    local = _req(np_=4, hosts=parse_hosts("localhost"), hostfile="hostfiles/localhost")
+    said = []
+    again = next_request(local, cores=2, policy=Policy(1), probe=lambda h: True, say=said.append)
+    assert again.np == 4 and again.hostfile == "hostfiles/localhost" and said == []
+    starts = []
+    codes = iter([137, 0])
+    assert run_restarting(local, lambda r, e: starts.append(r.np) or next(codes), cores=2, policy=Policy(1),
+                          probe=lambda h: True, say=said.append) == 0
+    assert starts == [4, 4]
+    assert "restart 1: 4 rank(s) on localhost, from the last checkpoint" in said
+    # one rank per slot asked (no -np): the same count again
+    assert next_request(_req(np_=None), cores=2, policy=Policy(1), probe=lambda h: True, say=said.append).np == 8
+
+
+def test_a_job_that_shrinks_says_why_in_one_line():
+    said = []
+    req = next_request(_req(), cores=2, policy=Policy(1), probe=lambda h: h == "node0", say=said.append)
+    assert req.np == 4
+    assert said == ["not answering: node1; 4 rank(s) instead of 8: the slots of the hosts that answer (node0 4)"]
+    said.clear()
+    req = next_request(_req(np_=3), cores=2, policy=Policy(1), probe=lambda h: h == "node0", say=said.append)
+    assert req.np == 3 and said == ["not answering: node1"]       # the survivors hold what was asked
+
+
 def test_too_few_ranks_left_is_one_line():
     from psrt.errors import PsrtError
     with pytest.raises(PsrtError, match=r"4 rank\(s\) left on node0 \(node1 lost\), under --min-np 8"):
@@ -168,7 +195,7 @@ def test_under_srun_a_restart_is_a_step_on_the_nodes_that_answer(tmp_path, monke
     assert [h.slots for h in srun.allocation({**env, "SLURM_CPUS_PER_TASK": "2"})] == [2, 1, 1]
     runs = []
     codes = iter([137, 0])
-    monkeypatch.setattr(srun, "run_job", lambda argv, e, quiet_exit: runs.append((argv, e)) or next(codes))
+    monkeypatch.setattr(srun, "run_job", lambda argv, e, quiet_exit, logs=None: runs.append((argv, e)) or next(codes))
     req = Request(command=("python", "-m", "psrt.train"), hosts=parse_hosts("localhost"), np=6)
     code = srun.run_restarting_srun(req, env, Policy(2), say=lambda s: None, probe=lambda n: n != "c2")
     assert code == 0 and len(runs) == 2

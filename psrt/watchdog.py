@@ -177,6 +177,23 @@ class Watchdog:
             MPI.COMM_SELF.Delete_attr(keyval)
             MPI.Comm.Free_keyval(keyval)
 
+    def left(self, comm, ranks: list[int]) -> list[int]:
+        """Those of `ranks` (ranks of the MPI communicator `comm`) heard leaving the job more
+        than LEFT_GRACE_S ago: whatever they sent before leaving has landed by then, so a wait
+        for them (a parameter server's for a worker's gradient) will not end."""
+        from mpi4py import MPI
+        if not ranks:
+            return []
+        theirs, mine = comm.Get_group(), self._comm.Get_group()
+        try:
+            mapped = MPI.Group.Translate_ranks(theirs, list(ranks), mine)
+        finally:
+            theirs.Free()
+            mine.Free()
+        now = time.monotonic()
+        return [r for r, m in zip(ranks, mapped)
+                if m != MPI.UNDEFINED and self._has_left(m) and now - self._heard[m][0] > LEFT_GRACE_S]
+
     def _has_left(self, rank: int) -> bool:
         heard = self._heard.get(rank)
         return bool(heard and heard[1] and heard[1].get("left"))

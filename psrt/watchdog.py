@@ -100,7 +100,7 @@ class Watchdog:
         self.interval = min(self._every, timeout_s / 4)
 
     def running(self) -> bool:
-        return self._thread is not None and not self._stop.is_set()
+        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
 
     def covers(self, comm) -> bool:
         """Whether every process of the MPI communicator `comm` is one of this watchdog's."""
@@ -272,7 +272,11 @@ class Watchdog:
         left = [r for r in range(n) if self._has_left(r)]
         mine = self._heard[me][1]
         if left and mine["waiting"] is not None and mine["waiting"] > LEFT_GRACE_S:
-            return self._format_left(me, left, mine)
+            # Only those of the group it waits in: a rank may well leave once it is done
+            # while others go on in a group without it.
+            among = self._members_waited_on(left)
+            if among:
+                return self._format_left(me, among, mine)
         silent = [r for r in range(n) if r not in left and now - self._heard.get(r, (started, None))[0]
                   > (min(SILENT_S, self.timeout_s) if r in self._heard else self.timeout_s)]
         stalled = [r for r, (_, s) in self._heard.items()
@@ -283,6 +287,25 @@ class Watchdog:
         if not alive or me != min(alive):
             return None   # the lowest rank still heard from speaks for everyone
         return self._format(n, now, silent, stalled)
+
+    def _members_waited_on(self, left: list[int]) -> list[int]:
+        """Those of `left` (this watchdog's ranks) in the group of the call this rank has
+        waited in longest (all of them where that cannot be told)."""
+        from mpi4py import MPI
+        busy = [c for c in self.groups() if c.state[2] is not None]
+        if not busy:
+            return left
+        group = min(busy, key=lambda c: c.state[2] or 0.0)
+        try:
+            theirs, mine = group.comm.Get_group(), self._comm.Get_group()
+            try:
+                members = set(MPI.Group.Translate_ranks(theirs, list(range(theirs.Get_size())), mine))
+            finally:
+                theirs.Free()
+                mine.Free()
+        except Exception:  # noqa: BLE001 - closed as it was looked at: take every rank that left
+            return left
+        return [r for r in left if r in members]
 
     def _format_left(self, me: int, left: list[int], mine: dict) -> str:
         """One line: the call this rank waits in and the ranks that shut down without it."""

@@ -17,9 +17,11 @@ nothing to call.
 
 A rank that shuts down (`stop()`: torch.distributed's destroy_process_group, the end of a
 `with Watchdog(...)`, MPI_Finalize, or the interpreter's exit, `sys.exit(0)` in the middle of
-a training loop included) tells every other rank so with a last heartbeat.  A rank waiting in a call when it hears that does not wait for the timeout: after
-LEFT_GRACE_S (the peer may have finished its part of this very call just before leaving) it
-prints one line naming the call it waits in and the rank that left, and ends the job.  A
+a training loop included) tells every other rank so with a last heartbeat.  A rank waiting
+in a call of a group with that rank in it does not wait for the timeout when it hears that:
+after LEFT_GRACE_S (the peer may have finished its part of this very call just before
+leaving) it prints one line naming the call it waits in and the rank that left, and ends
+the job.  A
 rank's `stop()` returns once every rank has stopped, or the job ends through the others.
 
 The timeout comes from the argument, else PSRT_TIMEOUT (seconds), else 300 s (psrt.env).

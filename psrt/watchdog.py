@@ -10,11 +10,18 @@ for a rank heard from before: its host may be lost), the lowest-numbered rank st
 heard from prints one report naming every rank's position and aborts the job (MPI_Abort),
 so mpirun exits non-zero on every host.
 
+`psrt.init()` starts one per process (timeout PSRT_TIMEOUT), and every psrt Communicator
+made on its ranks is watched by it (`running_for`): a bare Communicator, the group of
+`psrt.data_parallel`, the torch.distributed backend's groups and psrt.train's all are, with
+nothing to call.
+
 A rank that shuts down (`stop()`: torch.distributed's destroy_process_group, the end of a
-`with Watchdog(...)`, or the interpreter's exit) tells every other rank so with a last
-heartbeat.  A rank waiting in a call when it hears that does not wait for the timeout: after
-LEFT_GRACE_S (the peer may have finished its part of this very call just before leaving) it
-prints one line naming the call it waits in and the rank that left, and ends the job.  A
+`with Watchdog(...)`, MPI_Finalize, or the interpreter's exit, `sys.exit(0)` in the middle of
+a training loop included) tells every other rank so with a last heartbeat.  A rank waiting
+in a call of a group with that rank in it does not wait for the timeout when it hears that:
+after LEFT_GRACE_S (the peer may have finished its part of this very call just before
+leaving) it prints one line naming the call it waits in and the rank that left, and ends
+the job.  A
 rank's `stop()` returns once every rank has stopped, or the job ends through the others.
 
 The timeout comes from the argument, else PSRT_TIMEOUT (seconds), else 300 s (psrt.env).
@@ -25,6 +32,7 @@ import atexit
 import sys
 import threading
 import time
+import weakref
 
 from psrt import env
 from psrt.errors import PsrtError, abort, launcher_rank, write_line
@@ -55,12 +63,14 @@ class Watchdog:
     def __init__(self, world, groups=(), timeout_s: float | None = None, interval: float = 1.0,
                  on_stall=None):
         self.world = world
-        self.timeout_s = env.timeout_s() if timeout_s is None else timeout_s
-        if not self.timeout_s > 0:
-            raise PsrtError(f"watchdog timeout_s must be positive, got {self.timeout_s}", everywhere=True)
-        self.interval = min(interval, self.timeout_s / 4)
+        self._every = interval
+        self.retime(env.timeout_s() if timeout_s is None else timeout_s)
         self.on_stall = on_stall
-        self._groups = list(groups)
+        # Weak: a Communicator the program dropped is no longer watched, and is not kept
+        # alive by the watchdog of a long job that makes many.
+        self._groups: list[weakref.ref] = []
+        for group in groups:
+            self.watch(group)
         self._step = 0
         self._comm = world.comm.Dup()
         # Every rank's host, known from the start: a rank lost before its first heartbeat
@@ -71,22 +81,55 @@ class Watchdog:
         self._heard: dict[int, tuple[float, dict]] = {}
         self._sends: list = []          # heartbeat requests in flight (they own their buffers)
         self._left = False
+        self._keyval = None             # MPI_COMM_SELF's attribute that calls stop() at MPI_Finalize
         self.report: str | None = None
 
     # ------------------------------------------------------------ user side
     def watch(self, group) -> None:
-        self._groups.append(group)
+        """Watch `group` too (once, however often it is given)."""
+        if not any(ref() is group for ref in self._groups):
+            self._groups = [ref for ref in self._groups if ref() is not None] + [weakref.ref(group)]
+
+    def groups(self) -> list:
+        """The Communicators watched now."""
+        return [g for g in (ref() for ref in self._groups) if g is not None]
+
+    def retime(self, timeout_s: float) -> None:
+        """Set the timeout (psrt.train's --timeout on the world's watchdog)."""
+        if not timeout_s > 0:
+            raise PsrtError(f"watchdog timeout_s must be positive, got {timeout_s}", everywhere=True)
+        self.timeout_s = timeout_s
+        self.interval = min(self._every, timeout_s / 4)
+
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
+
+    def covers(self, comm) -> bool:
+        """Whether every process of the MPI communicator `comm` is one of this watchdog's."""
+        from mpi4py import MPI
+        mine, theirs = self._comm.Get_group(), comm.Get_group()
+        try:
+            return MPI.UNDEFINED not in MPI.Group.Translate_ranks(theirs, list(range(theirs.Get_size())), mine)
+        finally:
+            mine.Free()
+            theirs.Free()
 
     def step(self, step: int) -> None:
         """Mark the training step this rank is on (shown in reports)."""
         self._step = step
 
     def start(self) -> "Watchdog":
-        self._thread = threading.Thread(target=self._loop, name="psrt-watchdog", daemon=True)
+        from mpi4py import MPI
+        self._thread = _Thread(self)
         self._thread.start()
-        # A program that ends without stop() still tells the others (mpi4py's own exit
-        # handler, MPI_Finalize, was registered before this one and runs after it).
+        # A program that ends without stop() still tells the others: sys.exit(0) on one rank
+        # in the middle of a loop must not leave the others waiting for it.  mpi4py's own
+        # exit handler, MPI_Finalize, runs after Python's atexit handlers; a program that
+        # calls MPI.Finalize() itself first deletes MPI_COMM_SELF's attributes, which stops
+        # this watchdog (MPI 4.1 sec. 11.2.4) before its thread could send after MPI ended.
         atexit.register(self._at_exit)
+        self._keyval = MPI.Comm.Create_keyval(delete_fn=self._at_finalize)
+        MPI.COMM_SELF.Set_attr(self._keyval, True)
         return self
 
     def stop(self) -> None:
@@ -94,6 +137,7 @@ class Watchdog:
         waiting for this one in a call ends the job instead: see the module's docstring)."""
         from mpi4py import MPI
         atexit.unregister(self._at_exit)
+        self._forget_finalize()
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -121,6 +165,37 @@ class Watchdog:
         if MPI.Is_initialized() and not MPI.Is_finalized():
             self.stop()
 
+    def _at_finalize(self, comm, keyval, value) -> None:
+        """MPI_Finalize (or stop()) deletes the attribute: say farewell while MPI still runs."""
+        if self._keyval is not None:
+            self._keyval = None
+            self.stop()
+
+    def _forget_finalize(self) -> None:
+        """Drop the MPI_COMM_SELF attribute (without calling stop() again)."""
+        from mpi4py import MPI
+        keyval, self._keyval = self._keyval, None
+        if keyval is not None and MPI.Is_initialized() and not MPI.Is_finalized():
+            MPI.COMM_SELF.Delete_attr(keyval)
+            MPI.Comm.Free_keyval(keyval)
+
+    def left(self, comm, ranks: list[int]) -> list[int]:
+        """Those of `ranks` (ranks of the MPI communicator `comm`) heard leaving the job more
+        than LEFT_GRACE_S ago: whatever they sent before leaving has landed by then, so a wait
+        for them (a parameter server's for a worker's gradient) will not end."""
+        from mpi4py import MPI
+        if not ranks:
+            return []
+        theirs, mine = comm.Get_group(), self._comm.Get_group()
+        try:
+            mapped = MPI.Group.Translate_ranks(theirs, list(ranks), mine)
+        finally:
+            theirs.Free()
+            mine.Free()
+        now = time.monotonic()
+        return [r for r, m in zip(ranks, mapped)
+                if m != MPI.UNDEFINED and self._has_left(m) and now - self._heard[m][0] > LEFT_GRACE_S]
+
     def _has_left(self, rank: int) -> bool:
         heard = self._heard.get(rank)
         return bool(heard and heard[1] and heard[1].get("left"))
@@ -136,12 +211,13 @@ class Watchdog:
     def _state(self) -> dict:
         """This rank's position: the longest-running call in progress, else the latest one."""
         now = time.monotonic()
-        busy = [(c.state, c) for c in self._groups if c.state[2] is not None]
+        groups = self.groups()
+        busy = [(c.state, c) for c in groups if c.state[2] is not None]
         if busy:
             (seq, name, start), group = min(busy, key=lambda b: b[0][2])
             return {"call": seq, "name": name, "waiting": now - start, "step": self._step,
                     "group": _describe(group)}
-        latest = max((c.state for c in self._groups), default=(0, "", None))
+        latest = max((c.state for c in groups), default=(0, "", None))
         return {"call": latest[0], "name": latest[1], "waiting": None, "step": self._step}
 
     def _drain(self) -> None:
@@ -157,6 +233,7 @@ class Watchdog:
         that `stop()` waits for, which a dead rank would never answer; its communicator is
         revoked and left.  The survivors then start a new one on their shrunk world."""
         atexit.unregister(self._at_exit)
+        self._forget_finalize()
         self._stop.set()
         self._left = True
         revoke(self._comm)
@@ -197,7 +274,11 @@ class Watchdog:
         left = [r for r in range(n) if self._has_left(r)]
         mine = self._heard[me][1]
         if left and mine["waiting"] is not None and mine["waiting"] > LEFT_GRACE_S:
-            return self._format_left(me, left, mine)
+            # Only those of the group it waits in: a rank may well leave once it is done
+            # while others go on in a group without it.
+            among = self._members_waited_on(left)
+            if among:
+                return self._format_left(me, among, mine)
         silent = [r for r in range(n) if r not in left and now - self._heard.get(r, (started, None))[0]
                   > (min(SILENT_S, self.timeout_s) if r in self._heard else self.timeout_s)]
         stalled = [r for r, (_, s) in self._heard.items()
@@ -208,6 +289,25 @@ class Watchdog:
         if not alive or me != min(alive):
             return None   # the lowest rank still heard from speaks for everyone
         return self._format(n, now, silent, stalled)
+
+    def _members_waited_on(self, left: list[int]) -> list[int]:
+        """Those of `left` (this watchdog's ranks) in the group of the call this rank has
+        waited in longest (all of them where that cannot be told)."""
+        from mpi4py import MPI
+        busy = [c for c in self.groups() if c.state[2] is not None]
+        if not busy:
+            return left
+        group = min(busy, key=lambda c: c.state[2] or 0.0)
+        try:
+            theirs, mine = group.comm.Get_group(), self._comm.Get_group()
+            try:
+                members = set(MPI.Group.Translate_ranks(theirs, list(range(theirs.Get_size())), mine))
+            finally:
+                theirs.Free()
+                mine.Free()
+        except Exception:  # noqa: BLE001 - closed as it was looked at: take every rank that left
+            return left
+        return [r for r in left if r in members]
 
     def _format_left(self, me: int, left: list[int], mine: dict) -> str:
         """One line: the call this rank waits in and the ranks that shut down without it."""
@@ -238,6 +338,26 @@ class Watchdog:
                 lines.append(f"  rank {r} ({self._hosts[r]}): running its own code after {s['name'] or 'no'} call "
                              f"#{s['call']} (step {s['step']}){behind}")
         return "\n".join(lines)
+
+
+class _Thread(threading.Thread):
+    """A watchdog's thread, which knows its watchdog: what `running_for` finds."""
+
+    def __init__(self, dog: Watchdog):
+        super().__init__(target=dog._loop, name="psrt-watchdog", daemon=True)
+        self.watchdog = dog
+
+
+def running_for(comm) -> Watchdog | None:
+    """The running watchdog of this process whose ranks include all of `comm`'s, if any.
+    Found among the process's threads (the interpreter's own list), so that a Communicator
+    made anywhere (a user's, a strategy's, a torch.distributed group's) is watched by the
+    watchdog psrt.init() started without being handed it."""
+    for thread in threading.enumerate():
+        dog = getattr(thread, "watchdog", None) if isinstance(thread, _Thread) else None
+        if dog is not None and dog.running() and dog.covers(comm):
+            return dog
+    return None
 
 
 def _describe(group) -> str:

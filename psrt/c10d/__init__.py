@@ -46,7 +46,9 @@ class Job:
         from psrt import env
         from psrt.watchdog import Watchdog
         if self.watchdog is None:
-            self.watchdog = Watchdog(self.world, timeout_s=env.timeout_s()).start()
+            # psrt.init's (which also watches every Communicator made on the world), unless
+            # the world was made without one.
+            self.watchdog = self.world.watchdog or Watchdog(self.world, timeout_s=env.timeout_s()).start()
         self.watchdog.watch(group)
 
     def stop(self) -> None:

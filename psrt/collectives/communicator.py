@@ -103,6 +103,13 @@ class Communicator(Exchanges):
         self.state: tuple = (0, "", None)
         self._ready = ReadyCache(self.comm, self._executor, persistent)    # small all-reduces made ready
         self.paths = paths.ALLREDUCE        # the ways of running an all-reduce, asked in order
+        # Watched by the process's watchdog (psrt.init starts it): a rank of this group that
+        # leaves (sys.exit, an unfinished loop) or stops calling is then named, and the job
+        # ends, instead of the others waiting in a call of this group for ever.
+        from psrt.watchdog import running_for
+        dog = running_for(self.comm)
+        if dog is not None:
+            dog.watch(self)
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, size={self.size}, algorithm={self.algorithm!r})"

@@ -174,7 +174,9 @@ class ParameterServer(DataParallel):
         with trace.span("push and pull", "comm", bytes=sent):
             wait_all(reqs, self.timeout_s, lambda p: f"--dp {self.name} worker rank {self.rank}: no "
                      f"parameters from server rank(s) {self._servers_of(reqs, p)} for step "
-                     f"{self._step} after {self.timeout_s:.0f} s")
+                     f"{self._step} after {self.timeout_s:.0f} s",
+                     peers=[next(iter(self._servers_of(reqs, [i])), None) for i in range(len(reqs))], comm=self.pcomm,
+                     who=f"--dp {self.name} worker rank {self.rank}")
         answers = [self._out if srv == self.rank else self._pull[s] for s, srv in enumerate(self.server_ranks)]
         if self.host is not None:
             self.host.spread(answers[0])
@@ -287,7 +289,8 @@ class ParameterServer(DataParallel):
             return first_pushes(self.pcomm, self._inbox, self._posted, remote, max(1, len(remote) - self.backup),
                                 self._step, self.timeout_s, what)
         reqs = [self.pcomm.Irecv(self._inbox[w].msg(), w, MPI.ANY_TAG) for w in remote]
-        statuses = wait_all(reqs, self.timeout_s, lambda p: what([remote[i] for i in p]))
+        statuses = wait_all(reqs, self.timeout_s, lambda p: what([remote[i] for i in p]), peers=remote,
+                            comm=self.pcomm, who=f"--dp {self.name} server rank {self.rank}")
         return {w: st.Get_tag() for w, st in zip(remote, statuses)}
 
     def _backup_workers(self) -> int:

@@ -35,6 +35,7 @@ TAG_PULL = 303    # server -> worker: parameters (slice) + header [step or clock
 TAG_DONE = 304    # worker -> server: sentinel "this worker has finished" + header [clock]
 TAG_FINAL = 305   # server -> worker (ps-async): final parameters once every worker is done
 
+LEFT_CHECK_S = 0.25   # how often a wait asks the watchdog whether a peer left the job (wait_all)
 HEADER = 4        # float64 slots after the payload
 # What the slots hold.  A push: [step or clock, local loss, 0, SCALE: the fp16 loss scale
 # its gradient was computed with].  A synchronous answer: [step, mean loss, FOUND: the step
@@ -279,17 +280,42 @@ def local_backward(model: torch.nn.Module, loss_fn, microbatches: list, tracer=O
     return total / k
 
 
-def wait_all(reqs: list, timeout_s: float, what: Callable[[list[int]], str]) -> list:
+def wait_all(reqs: list, timeout_s: float, what: Callable[[list[int]], str], peers: list[int] | None = None,
+             comm=None, who: str = "") -> list:
     """Wait for every request; returns their statuses.
 
     Polls (psrt.collectives.p2p.poll) instead of blocking in Waitall, so that a peer that
     vanished without its sentinel becomes an error after `timeout_s` rather than a hang.
-    `what(pending)` names the wait, given the indices of the requests still open."""
+    `what(pending)` names the wait, given the indices of the requests still open.
+
+    With `peers` (the rank of `comm` each request waits for, None where that does not
+    matter) and a watchdog running (psrt.watchdog, started by psrt.init), a peer that left
+    the job (its program ended, as a worker that stops without finish() does) is an error
+    at once, `who` waiting for it, instead of after `timeout_s`."""
     if not reqs:
         return []
     statuses = [MPI.Status() for _ in reqs]
+    dog = None
+    if peers is not None and comm is not None:
+        from psrt.watchdog import running_for
+        dog = running_for(comm)
+    checked = [now()]
+
+    def gone() -> None:
+        # a few times a second: a Testall is cheap, a look at the watchdog's news is not free
+        if dog is None or now() - checked[0] < LEFT_CHECK_S:
+            return
+        checked[0] = now()
+        # Get_status, not Test: a request Test completed would lose its status (the tag
+        # that tells a DONE) before Testall reads it
+        left = dog.left(comm, sorted({peers[i] for i, r in enumerate(reqs)
+                                      if peers[i] is not None and not r.Get_status()}))
+        if left:
+            raise PsrtError(f"{who} waits for rank(s) {left}, which left the job: their program ended "
+                            "before they sent what this rank waits for (a worker must call finish())")
 
     def done() -> bool:
+        gone()
         try:
             return MPI.Request.Testall(reqs, statuses)
         except MPI.Exception as err:

@@ -105,7 +105,8 @@ class InJob:
         from mpi4py import MPI
         kept = MPI.Group.Translate_ranks(shrunk.Get_group(), list(range(shrunk.Get_size())), world.comm.Get_group())
         self.lost = sorted(set(range(world.size)) - set(kept))
-        survivors = init(comm=shrunk, export_env=False)
+        # without a watchdog of its own: the loop starts the survivors' (psrt.train.loop.recover)
+        survivors = init(comm=shrunk, export_env=False, watchdog=False)
         shrunk.Free()
         self.count += 1
         self._pending = {"error": err, "seen": seen, "from": world.size}

@@ -192,8 +192,15 @@ def train_all(cfg: TrainConfig, world, watchdog: bool = True) -> list[dict] | No
     imported.check(cfg)        # the user's --model/--data import before any data is loaded
     set_threads(world)
     dataset = imported.load_data(cfg.data, cfg.seq_len)
-    # A stuck collective or a silent rank ends the job with a report instead of a hang.
-    job = Job(world, world.comm.Dup(), Watchdog(world, timeout_s=cfg.timeout_s).start() if watchdog else None)
+    # A stuck collective or a silent rank ends the job with a report instead of a hang: the
+    # world's watchdog (psrt.init), on --timeout, else one of the run's own.
+    given = world.watchdog if world.watchdog is not None and world.watchdog.running() else None
+    dog = None
+    if watchdog:
+        dog = given or Watchdog(world, timeout_s=cfg.timeout_s).start()
+        if given is not None and cfg.timeout_s is not None:
+            given.retime(cfg.timeout_s)
+    job = Job(world, world.comm.Dup(), dog)
     mine = {}
     for dp in cfg.dp_list:
         # one timeline per strategy (FILE.<dp>.json with several, as --metrics), so that two
@@ -209,8 +216,8 @@ def train_all(cfg: TrainConfig, world, watchdog: bool = True) -> list[dict] | No
     compare = len(cfg.dp_list) > 1
     not_covered = prediction.not_covered(cfg.pp, cfg.tp, cfg.model) if compare else None
     link = prediction.measure(world, ctl) if compare and not_covered is None else None
-    if job.dog is not None:
-        job.dog.stop()
+    if job.dog is not None and job.dog is not given:
+        job.dog.stop()       # the world's own says farewell when the program ends
     ctl.Free()
     if found is None:
         return None

@@ -42,7 +42,7 @@ def hparams(logdir) -> dict:
 def test_callback_counts_steps_and_tensorboard_logs_every_step(tmp_path):
     """One launch, two strategies (ps with a dedicated server, ring): the user's component
     hears every step of each, and TensorBoard's loss is the metrics' loss at every step."""
-    launch(3, "-m", "psrt.train", "--dp", "ps,ring", "--servers", "1", "--steps", "6", "--batch-size", "32",
+    launch(3, "-m", "psrt.train", "--dp", "ps,ring", "--servers", "1", "--steps", "6", "--batch-size", "36",
            "--callback", "callback_steps:StepCounter", "--tensorboard", "tb", "--metrics", "m.jsonl", "--quiet",
            cwd=tmp_path, extra_env={"STEP_COUNT_FILE": "steps.json"})
     counted = [json.loads(line) for line in (tmp_path / "steps.json").read_text().splitlines()]
@@ -56,7 +56,7 @@ def test_callback_counts_steps_and_tensorboard_logs_every_step(tmp_path):
         assert sorted(scalars(tmp_path / "tb" / dp, "time/comm_s")) == list(range(1, 7))
         assert sorted(scalars(tmp_path / "tb" / dp, "throughput/samples_per_s")) == list(range(1, 7))
         hp = hparams(tmp_path / "tb" / dp)
-        assert hp["dp"] == dp and hp["batch_size"] == 32 and hp["steps"] == 6
+        assert hp["dp"] == dp and hp["batch_size"] == 36 and hp["steps"] == 6
         assert counted[["ps", "ring"].index(dp)]["loss"] == pytest.approx(losses[6], rel=1e-6)
 
 

@@ -15,7 +15,7 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "init": "psrt.world", "World": "psrt.world", "init_torch_distributed": "psrt.world",
+    "init": "psrt.watchdog", "World": "psrt.world", "init_torch_distributed": "psrt.world",
     "Communicator": "psrt.collectives", "Handle": "psrt.collectives",
     "ALGORITHMS": "psrt.collectives", "ALL_ALGORITHMS": "psrt.collectives",
     "init_process_group": "psrt.c10d",

@@ -29,6 +29,7 @@ The timeout comes from the argument, else PSRT_TIMEOUT (seconds), else 300 s (ps
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import sys
 import threading
 import time
@@ -36,6 +37,7 @@ import weakref
 
 from psrt import env
 from psrt.errors import PsrtError, abort, launcher_rank, write_line
+from psrt.world import init as init_world
 from psrt.world import lost_peer, revoke
 
 TAG = 7717
@@ -346,6 +348,18 @@ class _Thread(threading.Thread):
     def __init__(self, dog: Watchdog):
         super().__init__(target=dog._loop, name="psrt-watchdog", daemon=True)
         self.watchdog = dog
+
+
+def init(comm=None, export_env: bool = True, watchdog: bool = True):
+    """psrt.init: MPI started and this process described (psrt.world.init), and with more than
+    one rank a Watchdog (PSRT_TIMEOUT) that every Communicator made on these ranks reports
+    to, unless one already runs for them (a second init() shares it), kept on World.watchdog:
+    a rank that leaves early or stops calling is named and the job ends, instead of hanging.
+    Collective, as psrt.world.init is.  watchdog=False: the World alone."""
+    world = init_world(comm, export_env=export_env)
+    if not watchdog or world.size < 2:
+        return world
+    return dataclasses.replace(world, watchdog=running_for(world.comm) or Watchdog(world).start())
 
 
 def running_for(comm) -> Watchdog | None:

@@ -6,7 +6,6 @@ name), not from launcher variables, so it is right however the ranks were placed
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import socket
@@ -246,17 +245,15 @@ def _mismatch(launcher: str, announced: int, seen: int, env=os.environ) -> str:
             "`python -c 'import mpi4py; print(mpi4py.get_config())'`)")
 
 
-def init(comm=None, export_env: bool = True, watchdog: bool = True) -> World:
+def init(comm=None, export_env: bool = True) -> World:
     """Initialise MPI (if needed) and describe this process.
 
     Args:
         comm: parent communicator; defaults to MPI.COMM_WORLD.  psrt works on a Dup of it.
         export_env: set RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK and the
             rendezvous MASTER_ADDR/MASTER_PORT (rank 0 picks a free port) in os.environ.
-        watchdog: with more than one rank, run a psrt.watchdog.Watchdog (PSRT_TIMEOUT) over
-            every Communicator made on these ranks, unless one already runs for them (a
-            second init() shares it): a rank that leaves early or stops calling is named and
-            the job ends, instead of hanging.  Collective, as init() is.
+
+    psrt.init (psrt.watchdog.init) adds the watchdog over these ranks.
     """
     if sys.excepthook is sys.__excepthook__:   # leave a hook the program installed alone
         from psrt import faults
@@ -292,12 +289,6 @@ def init(comm=None, export_env: bool = True, watchdog: bool = True) -> World:
     world = World(comm=dup, local_comm=local, rank=dup.rank, size=dup.size,
                   local_rank=local.rank, local_size=local.size, node_rank=node_rank,
                   num_nodes=len(leader_ranks), hostname=hostname, launcher=launcher)
-    if watchdog and world.size > 1:
-        from psrt.watchdog import Watchdog, running_for
-        dog = running_for(dup)
-        if dog is None:
-            dog = Watchdog(world).start()
-        world = dataclasses.replace(world, watchdog=dog)
     if export_env:
         export_torch_env(world)
     if notice and world.rank == 0:

@@ -36,7 +36,7 @@ class Job:
     """The process's MPI world, and the watchdog over every psrt group carved out of it."""
 
     def __init__(self):
-        from psrt.world import init
+        from psrt.watchdog import init
         self.world = init(export_env=False)
         self.watchdog = None
 

@@ -269,7 +269,7 @@ def data_parallel(model: torch.nn.Module, make_optimizer: Callable[[Iterable], t
     own = group is None
     if own:
         if world is None:
-            from psrt.world import init
+            from psrt.watchdog import init
             world = init()
         from psrt.collectives import Communicator
         group = Communicator(world.comm.Dup(), algorithm="auto")

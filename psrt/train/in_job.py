@@ -105,8 +105,8 @@ class InJob:
         from mpi4py import MPI
         kept = MPI.Group.Translate_ranks(shrunk.Get_group(), list(range(shrunk.Get_size())), world.comm.Get_group())
         self.lost = sorted(set(range(world.size)) - set(kept))
-        # without a watchdog of its own: the loop starts the survivors' (psrt.train.loop.recover)
-        survivors = init(comm=shrunk, export_env=False, watchdog=False)
+        # the World alone (psrt.world.init starts no watchdog): the loop starts the survivors'
+        survivors = init(comm=shrunk, export_env=False)
         shrunk.Free()
         self.count += 1
         self._pending = {"error": err, "seen": seen, "from": world.size}

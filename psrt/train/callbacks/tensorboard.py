@@ -34,7 +34,7 @@ class TensorBoard(Callback):
         self.logdir = logdir
         self.make, self.hparams = summary_writer()
         self.writer = None
-        self.last = 0.0
+        self.last = 0.0           # run.time_s() at the end of the previous step (0: the loop's start)
 
     def on_run_start(self, run) -> None:
         if not run.is_lead or self.writer is not None:
@@ -43,7 +43,6 @@ class TensorBoard(Callback):
         exp, ssi, sei = self.hparams({k: plain(v) for k, v in run.hparams.items()}, dict.fromkeys(METRICS, 0.0))
         for summary in (exp, ssi, sei):
             self.writer.file_writer.add_summary(summary)
-        self.last = run.time_s()
 
     def on_step_end(self, run, stats) -> None:
         if self.writer is None or stats is None:
@@ -52,8 +51,8 @@ class TensorBoard(Callback):
         if math.isfinite(stats.loss):
             w.add_scalar("loss", stats.loss, step)
         batch = run.hparams.get("batch_size")
-        if batch and now > self.last:
-            w.add_scalar("throughput/samples_per_s", batch / (now - self.last), step)
+        if batch:
+            w.add_scalar("throughput/samples_per_s", batch / max(now - self.last, 1e-9), step)
         self.last = now
         w.add_scalar("time/compute_s", stats.compute_s, step)
         w.add_scalar("time/comm_s", stats.comm_s, step)

@@ -2,7 +2,7 @@
 # absolute: the ranks of Debian's mpirun may see /usr/bin first on PATH, whose python3 has no torch
 PYTHON ?= $(shell command -v python3)
 
-.PHONY: install demo test torch-suite bench tune clean
+.PHONY: install demo test test-quick torch-suite bench tune clean
 
 install:
 	bash scripts/install.sh
@@ -12,6 +12,10 @@ demo: install
 
 test: install
 	bash scripts/test.sh
+
+# The inner loop: the unit tests and one multi-rank launch per area (tests/quick.txt).
+test-quick: install
+	bash scripts/test.sh --quick
 
 # PyTorch's own distributed test suite on the psrt backend at 2, 3 and 4 ranks, then on gloo
 # (the reference, same selection): about 5 minutes each on 2 cores.

@@ -19,6 +19,27 @@ mpi4py.rc.initialize = False
 mpi4py.rc.finalize = False
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- make test-quick: the unit tests and one launch per area (tests/quick.txt) ---------------
+def pytest_addoption(parser):
+    parser.addoption("--quick", action="store_true",
+                     help="the unit tests and the multi-rank tests tests/quick.txt names (one launch per area)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--quick"):
+        return
+    lines = (ROOT / "tests" / "quick.txt").read_text().splitlines()
+    chosen = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    unit = ROOT / "tests" / "unit"
+    keep = [i for i in items if unit in Path(str(i.path)).parents or i.nodeid.startswith(tuple(chosen))]
+    unmatched = [c for c in chosen if not any(i.nodeid.startswith(c) for i in items)]
+    if unmatched:
+        raise pytest.UsageError(f"tests/quick.txt names no test: {', '.join(unmatched)}")
+    kept = set(map(id, keep))
+    config.hook.pytest_deselected(items=[i for i in items if id(i) not in kept])
+    items[:] = keep
 MPI_SCRIPTS = Path(__file__).resolve().parent / "mpi" / "ranks"
 
 

@@ -37,7 +37,7 @@ class RunState:
         self.t0 = time.perf_counter()
         self.wall = 0.0
         self.model = None
-        self.hparams = dict(cfg.as_dict(), dp=dp)
+        self.hparams = dict(cfg.as_dict(), dp=dp)   # what a checkpoint records and TensorBoard shows
 
     # what the built layout holds (replaced whole by a recovery)
     @property
@@ -79,11 +79,6 @@ class RunState:
     @property
     def label(self) -> str:
         return self.layout.label(self.dp)
-
-    @property
-    def config(self) -> dict:
-        """The settings a checkpoint records (TrainConfig.as_dict and the strategy)."""
-        return self.hparams
 
     def path(self, name: str) -> str | None:
         """Output `name` (--metrics, --checkpoint, ...) of this strategy (FILE.<dp>.ext with

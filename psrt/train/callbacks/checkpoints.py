@@ -32,4 +32,4 @@ class Checkpoints(Callback):
     @staticmethod
     def save(run, step: int) -> None:
         checkpoint.save(run.path("checkpoint"), run.ctl, run.layout.state, step,
-                        run.sampler.steps_per_epoch, run.config)
+                        run.sampler.steps_per_epoch, run.hparams)

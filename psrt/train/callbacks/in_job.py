@@ -55,7 +55,7 @@ class InJobRecovery(Callback):
         else:
             run.built = run.build()
             step = in_job.reload(job.world, lambda: checkpoint.load(run.path("checkpoint"), job.ctl,
-                                                                    run.layout.state, run.config))
+                                                                    run.layout.state, run.hparams))
         run.step = step
         in_job.commit(step, run.layout.state)
         in_job.started(run.label, run.is_lead)

@@ -21,7 +21,7 @@ class Restarts(Callback):
         self.recovery = Recovery(path, run.cfg.checkpoint_every, run.total, run.is_lead)
         if not self.recovery.resume(run.cfg.resume, run.ctl):
             return None
-        return checkpoint.load(path, run.ctl, run.layout.state, run.config)
+        return checkpoint.load(path, run.ctl, run.layout.state, run.hparams)
 
     def on_run_start(self, run) -> None:
         self.recovery.started(run.start, run.dp)

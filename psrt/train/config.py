@@ -196,8 +196,8 @@ class TrainConfig:
                             everywhere=True)
         if self.checkpoint_every and not self.checkpoint:
             raise PsrtError("--checkpoint-every needs --checkpoint FILE", everywhere=True)
-        for name in (self.callback or "").split(","):
-            if not IMPORT_PATH.fullmatch(name.strip()) and (name.strip() or self.callback):
+        for name in self.callback.split(",") if self.callback is not None else ():
+            if not IMPORT_PATH.fullmatch(name.strip()):
                 raise PsrtError(f"--callback {name.strip()!r}: expected module:Class with a dotted module "
                                 "name and a class's name (e.g. mypkg.hooks:StepCounter)", everywhere=True)
 

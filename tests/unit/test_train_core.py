@@ -343,6 +343,13 @@ def test_user_components_by_name_each_error_one_line():
             user.load(spec)
 
 
+@pytest.mark.parametrize("spec", ["mod", "mod:", "a b:C", "mod:A,", ""])
+def test_a_callback_that_is_no_import_path_is_refused_with_the_config(spec):
+    with pytest.raises(PsrtError, match="--callback .*expected module:Class"):
+        TrainConfig(callback=spec)
+    assert TrainConfig(callback="pkg.mod:A, other:B.C").callback     # a comma list of import paths
+
+
 def test_a_component_need_not_subclass_callback():
     class Counts:
         steps = 0

@@ -25,6 +25,43 @@ ROOT = Path(__file__).resolve().parent.parent
 def pytest_addoption(parser):
     parser.addoption("--quick", action="store_true",
                      help="the unit tests and the multi-rank tests tests/quick.txt names (one launch per area)")
+    parser.addoption("--cold", action="store_true",
+                     help="start every rank as a fresh interpreter, not forked from one that imported torch "
+                          "(tests/forkserver.py)")
+
+
+# --- where ranks come from: forked from one warm interpreter, unless --cold -------------------------
+_FORK_SERVER: list = []     # the session's server, started once; empty under --cold
+PYTHON = sys.executable     # the interpreter itself, for a rank that must start cold
+
+
+def pytest_configure(config):
+    # Ranks of many jobs share a few cores: one thread each unless a test says otherwise (also
+    # what lets the warm server, which read it once at its start, stand in for their python).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if not config.getoption("--cold"):
+        from forkserver import ForkServer
+        server = ForkServer(ROOT)
+        _FORK_SERVER.append(server)
+        os.environ["PATH"] = os.pathsep.join([server.bin, os.environ.get("PATH", "")])
+        sys.executable = server.python      # what the tests start as `sys.executable ARGS` too
+
+
+def pytest_collection_finish(session):
+    for server in _FORK_SERVER:
+        server.wait_ready()
+
+
+def pytest_unconfigure(config):
+    while _FORK_SERVER:
+        _FORK_SERVER.pop().close()
+
+
+def rank_argv(args: list[str], warm: bool = True) -> list[str]:
+    """The rank program for `python ARGS`: the warm stub where the session has a server."""
+    if warm and _FORK_SERVER:
+        return _FORK_SERVER[0].argv(args)
+    return [PYTHON, *args]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -72,16 +109,18 @@ class RankRun:
         return self
 
 
-def launch_ranks(np_: int, *args: str, timeout: float = 300, env: dict | None = None) -> RankRun:
+def launch_ranks(np_: int, *args: str, timeout: float = 300, env: dict | None = None, warm: bool = True) -> RankRun:
     """A script of tests/mpi/ranks (or python arguments) on N ranks under mpirun.  What the
-    run_ranks fixture calls; a module-scoped fixture that shares one launch calls it directly."""
+    run_ranks fixture calls; a module-scoped fixture that shares one launch calls it directly.
+    warm=False starts fresh interpreters even where the session forks ranks (a test that
+    signals ranks by pid from outside)."""
     argv = list(args)
     if argv and argv[0].endswith(".py") and not os.path.isabs(argv[0]):
         argv[0] = str(MPI_SCRIPTS / argv[0])
     full_env = {k: v for k, v in os.environ.items()
                 if not k.startswith(("OMPI_COMM_", "OMPI_MCA_orte_", "OMPI_MCA_ess", "PMIX_", "PMI_"))}
     full_env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **(env or {}))
-    cmd = mpirun_argv(np_) + [sys.executable] + argv
+    cmd = mpirun_argv(np_) + rank_argv(argv, warm)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
                           stdin=subprocess.DEVNULL)
     return RankRun(proc)

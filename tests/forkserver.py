@@ -1,0 +1,288 @@
+"""Rank processes for the tests, forked from one process that has already imported torch.
+
+A rank that trains even a few steps spends most of its CPU before its first line of psrt runs:
+importing torch (~2.4 s of CPU here) and torch._dynamo, which torch.optim imports at an
+optimizer's first step (torch/optim/optimizer.py, `_use_grad_for_differentiable`; ~2 s more).
+On 2 cores with up to 8 ranks a launch, that was most of the suite's time.  Python's
+multiprocessing has the same answer for the same cost (its "forkserver" start method): import
+once, then fork a copy per process.
+
+How a rank starts here instead of `python ARGS`:
+- mpirun starts `python -S tests/rank_stub.py SOCKET ARGS` (a few ms): the stub is the process
+  mpirun knows, so exit codes, signals and Open MPI's bookkeeping go through it as usual;
+- the stub sends this server its argv, environment, working directory and its stdin, stdout
+  and stderr (SCM_RIGHTS, unix(7));
+- the server forks; the child takes the stub's descriptors, environment and directory, and runs
+  ARGS as `python ARGS` would (`-m module`, `-c code` or a script), MPI_Init included (the
+  server never imports mpi4py.MPI, so each child starts MPI itself from the stub's OMPI_*
+  variables);
+- the server sends the child's pid, then its wait status, back to the stub, which exits the same
+  way (the same code, or killed by the same signal).  The stub forwards the signals it gets to
+  the child; when the stub dies (SIGKILL from mpirun, say) the child kills itself.
+
+What differs from a fresh interpreter, and is mended in the child: the random generators of
+`random` and NumPy (reseeded from the OS, as a new process seeds them), sys.path (rebuilt from
+the stub's PYTHONPATH) and the standard streams' buffering (PYTHONUNBUFFERED).  Tests that
+signal ranks from outside by pid (SIGSTOP, say) start cold: `launch_ranks(..., warm=False)`.
+"""
+from __future__ import annotations
+
+import array
+import atexit
+import gc
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+STUB = Path(__file__).with_name("rank_stub.py")
+HEADER = struct.Struct("!I")
+
+
+# --- the server ---------------------------------------------------------------------------------
+def _preload() -> None:
+    """What every rank would import first: torch, torch._dynamo (an optimizer step imports it),
+    NumPy.  Nothing that starts MPI."""
+    import numpy  # noqa: F401
+    import torch  # noqa: F401
+    import torch._dynamo  # noqa: F401
+    import torch.nn  # noqa: F401
+    import torch.optim  # noqa: F401
+    import mpi4py  # noqa: F401  (the package only: mpi4py.MPI would start MPI here)
+    # What is imported now stays shared with every child as long as nobody writes to it: keep
+    # the collector from walking (and so touching) it in the children (the gc module's advice
+    # for a process that forks workers: gc.freeze()).
+    gc.freeze()
+
+
+def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
+    fds = array.array("i")
+    data, ancdata, _, _ = conn.recvmsg(HEADER.size, socket.CMSG_LEN(3 * fds.itemsize))
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    while len(data) < HEADER.size:
+        data += conn.recv(HEADER.size - len(data))
+    (size,) = HEADER.unpack(data)
+    body = b""
+    while len(body) < size:
+        chunk = conn.recv(size - len(body))
+        if not chunk:
+            raise ConnectionError("the stub left before its request was read")
+        body += chunk
+    return json.loads(body), list(fds)
+
+
+def serve(path: str) -> tuple[socket.socket, dict] | None:
+    """Accept stubs until the parent (pytest) goes away.  Returns, in a forked child only, the
+    connection and request it is to run."""
+    _preload()
+    parent = os.getppid()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(128)
+    print("ready", flush=True)
+    children: dict[int, socket.socket] = {}
+    while os.getppid() == parent:
+        ready, _, _ = select.select([listener], [], [], 0.05)
+        if ready:
+            conn, _ = listener.accept()
+            try:
+                request, fds = _receive(conn)
+            except (OSError, ValueError, ConnectionError):
+                conn.close()
+                continue
+            why = _cold_reason(conn, request)
+            if why:
+                conn.sendall(b"cold\n")
+                conn.close()
+                for fd in fds:
+                    os.close(fd)
+                continue
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                for other in children.values():
+                    other.close()
+                _take_over(fds, request)
+                return conn, request
+            for fd in fds:
+                os.close(fd)
+            conn.sendall(f"{pid}\n".encode())
+            children[pid] = conn
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            conn = children.pop(pid, None)
+            if conn is not None:
+                try:
+                    conn.sendall(f"{status}\n".encode())
+                except OSError:
+                    pass
+                conn.close()
+    for pid in children:
+        os.kill(pid, signal.SIGKILL)
+    return None
+
+
+# What this server loaded at its start that a rank's environment could have asked otherwise: the
+# dynamic loader reads its variables once, libgomp its thread count, mpi4py its MPI library.
+FIXED_AT_START = ("LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONHOME", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                  "OPENBLAS_NUM_THREADS")
+
+
+def _cold_reason(conn: socket.socket, request: dict) -> str | None:
+    """Why this rank must start as a fresh interpreter, or None when a fork is the same thing."""
+    env = request["env"]
+    for name in FIXED_AT_START:
+        if env.get(name) != os.environ.get(name):
+            return name
+    if any(k.startswith("MPI4PY_") for k in env):
+        return "MPI4PY_*"
+    if "SLURM_STEP_ID" in env:      # slurmstepd tracks a step's processes itself
+        return "srun"
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    peer, _, _ = struct.unpack("3i", creds)
+    try:                            # an emulated host: the rank must live in its network namespace
+        if os.stat(f"/proc/{peer}/ns/net").st_ino != os.stat("/proc/self/ns/net").st_ino:
+            return "network namespace"
+    except OSError:
+        return "network namespace"
+    return None
+
+
+# --- the child: become `python ARGS` -----------------------------------------------------------------
+def _take_over(fds: list[int], request: dict) -> None:
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    sys.executable = request["executable"]      # what started it: python again, for its own children
+    os.environ.clear()
+    os.environ.update(request["env"])
+    if os.environ.get("PYTHONUNBUFFERED"):
+        for name in ("stdout", "stderr"):
+            getattr(sys, name).reconfigure(write_through=True, line_buffering=True)
+    import random
+    random.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+
+
+def _die_with_stub(conn: socket.socket) -> None:
+    """The stub holds the other end: when it is gone (killed by mpirun), so is this rank."""
+    try:
+        while conn.recv(1):
+            pass
+    except OSError:
+        pass
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def run(conn: socket.socket, request: dict) -> None:
+    """Run ARGS, then end as the interpreter would, minus freeing every object: that would
+    write to each page the fork still shares with the server (copy-on-write: seconds a rank)."""
+    threading.Thread(target=_die_with_stub, args=(conn,), daemon=True).start()
+    try:
+        _run_args(request["argv"])
+        code = 0
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        if not isinstance(stop.code, (int, type(None))):
+            print(stop.code, file=sys.stderr)
+    except KeyboardInterrupt:
+        sys.excepthook(*sys.exc_info())
+        code = -signal.SIGINT
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    threading._shutdown()             # what Py_Finalize does first: wait for the threads,
+    atexit._run_exitfuncs()           # then the atexit functions,
+    _finalize_mpi()                   # then the C ones (mpi4py's MPI_Finalize)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if code < 0:                      # Python ends a KeyboardInterrupt by its signal
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code & 0xFF)
+
+
+def _finalize_mpi() -> None:
+    """mpi4py finalizes MPI from a C exit hook (Py_AtExit) that os._exit skips: do what it does."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and sys.modules["mpi4py"].rc.finalize is not False \
+            and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+
+
+def _run_args(argv: list[str]) -> None:
+    here = sys.path[1:]
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    import runpy
+    if argv[0] == "-m":
+        sys.argv = [argv[1], *argv[2:]]
+        sys.path[:] = [os.getcwd(), *extra, *[p for p in here if p not in extra]]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    elif argv[0] == "-c":
+        sys.argv = ["-c", *argv[2:]]
+        sys.path[:] = ["", *extra, *[p for p in here if p not in extra]]
+        exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+    else:
+        sys.argv = list(argv)
+        sys.path[:] = [os.path.dirname(os.path.abspath(argv[0])), *extra, *[p for p in here if p not in extra]]
+        runpy.run_path(argv[0], run_name="__main__")
+
+
+# --- the pytest side ------------------------------------------------------------------------------
+class ForkServer:
+    """One server per test session, started at the first warm launch."""
+
+    def __init__(self, root: Path):
+        self.dir = tempfile.mkdtemp(prefix="psrt-ranks-")
+        self.path = os.path.join(self.dir, "server.sock")
+        env = dict(os.environ, PYTHONPATH=str(root))
+        # It imports while the session collects the tests (wait_ready).
+        self.proc = subprocess.Popen([sys.executable, __file__, self.path], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=root)
+        self.python = os.path.join(self.dir, "bin", "python3")
+        # `python` and `python3` for every command the tests start (PATH): mpi_launch's ranks,
+        # the docs' commands, a bench's jobs that name python by PATH.
+        self.bin = os.path.join(self.dir, "bin")
+        os.mkdir(self.bin)
+        for name in ("python", "python3"):
+            shim = os.path.join(self.bin, name)
+            with open(shim, "w") as f:
+                f.write(f'#!/bin/sh\nexec "{sys.executable}" -S "{STUB}" "{self.path}" "{shim}" "$@"\n')
+            os.chmod(shim, 0o755)
+
+    def wait_ready(self) -> None:
+        """Until it listens (a stub that comes earlier starts cold, which is only slower)."""
+        if self.proc.stdout.readline().strip() != b"ready":
+            raise RuntimeError(f"the rank fork server did not start (exit {self.proc.poll()})")
+
+    def argv(self, args: list[str]) -> list[str]:
+        """`python ARGS` as a rank of this server; ARGS as a plain rank would take them."""
+        return [self.python, *args]
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    job = serve(sys.argv[1])
+    if job is not None:
+        run(*job)

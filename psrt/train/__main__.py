@@ -34,7 +34,11 @@ def main(argv=None) -> int:
     from psrt.train.loop import train_all   # torch from here on
     rows = train_all(cfg, world)
     if rows is not None:
-        print(f"\n{cfg.model} on {cfg.data}: global batch {cfg.batch_size}, {world.size} "
+        what = f"{cfg.model} on {cfg.data}"
+        if cfg.profile:
+            what = (f"{cfg.model} on {cfg.data}, timed by profile {cfg.profile}" if cfg.real_arithmetic
+                    else f"profile {cfg.profile} (emulated compute, gradients seeded by {cfg.data})")
+        print(f"\n{what}: global batch {cfg.batch_size}, {world.size} "
               f"rank{'s' * (world.size != 1)}, "
               f"{cfg.optimizer} lr {cfg.lr:g}")
         print(report.summary_table(rows))

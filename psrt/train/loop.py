@@ -25,7 +25,7 @@ from psrt.dp.device import pick as pick_device
 from psrt.dp.device import to as to_device
 from psrt.errors import PsrtError, make_options
 from psrt.grid import Grid
-from psrt.train import core, imported, layout, prediction, report
+from psrt.train import core, emulated, imported, layout, prediction, report
 from psrt.train.callbacks import user
 from psrt.train.callbacks.checkpoints import Checkpoints
 from psrt.train.callbacks.evaluation import Evaluation
@@ -125,7 +125,7 @@ def build_layout(cfg: TrainConfig, dp: str, world, dataset, tracer: Tracer, make
     torch.manual_seed(cfg.seed)
     if not layout.axes(cfg.pp, cfg.tp, cfg.model == "moe"):
         group = psrt.Communicator(world.comm, algorithm="auto", tracer=tracer)
-        model = imported.make_model(cfg, dataset).to(device)
+        model = emulated.build_model(cfg, dataset).to(device)
         criterion = imported.loss_of(cfg, dataset)
         loss_fn = autocast_loss(lambda mb: loss_and_correct(model, mb, dataset.task, criterion)[0],
                                 compute_dtype, scaler, device)

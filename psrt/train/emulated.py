@@ -122,7 +122,7 @@ class ProfileModel(nn.Module):
     def __init__(self, profile: Profile, classes: int):
         super().__init__()
         self.profile = profile
-        self.clock = Clock(profile)
+        self.clock = self.emulation_clock = Clock(profile)
         self.layers = nn.ModuleList(ProfileLayer(i, layer, self.clock) for i, layer in enumerate(profile.layers))
         self.register_buffer("spread", torch.linspace(-1.0, 1.0, max(2, classes)))
 
@@ -164,6 +164,7 @@ def time_model(model: nn.Module, profile: Profile) -> Clock:
         if torch.is_tensor(output) and output.requires_grad:
             output.register_hook(lambda g: clock.start_backward())
 
+    model.emulation_clock = clock            # where the bench and the tests read its log
     model.register_forward_pre_hook(pre)
     model.register_forward_hook(post)
     for (_, p), (_, _, layer) in zip(params, listed):

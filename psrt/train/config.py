@@ -88,6 +88,12 @@ class TrainConfig:
                               "name: resnet50, vgg16, gpt2-small, bert-base; or a .json file): its real parameters, "
                               "timed waits instead of arithmetic, each gradient when its backward would produce "
                               "it (see docs/scaling.md)", "model", metavar="NAME|FILE")
+    time_dilation: float = opt(1.0, "with --profile: multiply every compute time by D, so that a slow "
+                               "emulated link keeps a faster real cluster's ratio of compute to communication "
+                               "(D = K x real link rate / emulated link rate; latency is not dilated)", "model",
+                               metavar="D")
+    byte_divisor: float = opt(1.0, "with --profile: divide every gradient tensor's size by K (memory and "
+                              "link time shrink together; see --time-dilation)", "model", metavar="K")
     real_arithmetic: bool = opt(False, "with --profile: run --model's real forward and backward, timed by "
                                 "the profile (it must list the model's parameters: a recorded one)", "model")
     seq_len: int = opt(64, "characters per training window (--data text)", "model", metavar="N")
@@ -199,10 +205,19 @@ class TrainConfig:
     def check_profile(self) -> None:
         """--profile and the flags it needs or excludes, each a one-line error."""
         if self.profile is None:
-            if self.real_arithmetic:
-                raise PsrtError("--real-arithmetic times a real model by a profile: it needs --profile",
-                                everywhere=True)
+            for name in ("real_arithmetic", "time_dilation", "byte_divisor"):
+                if self.given(name):
+                    raise PsrtError(f"{flag(name)} changes a profile's emulated compute: it needs --profile",
+                                    everywhere=True)
             return
+        if not (self.time_dilation > 0 and math.isfinite(self.time_dilation)):
+            raise PsrtError(f"--time-dilation {self.time_dilation}: must be a positive finite number", everywhere=True)
+        if not (self.byte_divisor >= 1 and math.isfinite(self.byte_divisor)):
+            raise PsrtError(f"--byte-divisor {self.byte_divisor}: must be a finite number of at least 1",
+                            everywhere=True)
+        if self.real_arithmetic and self.byte_divisor != 1:
+            raise PsrtError("--byte-divisor resizes a profile's tensors; --real-arithmetic keeps the model's own "
+                            "(use --time-dilation alone)", everywhere=True)
         if self.pp * self.tp != 1 or self.model == "moe":
             raise PsrtError("--profile emulates the whole model on every rank; with --pp, --tp or --model moe "
                             "the layers are split over ranks, which a profile does not describe", everywhere=True)

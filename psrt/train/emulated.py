@@ -182,6 +182,8 @@ def build_model(cfg, dataset) -> nn.Module:
     if cfg.profile is None:
         return imported.make_model(cfg, dataset)
     profile = load(cfg.profile)
+    if (cfg.time_dilation, cfg.byte_divisor) != (1.0, 1.0):
+        profile = profile.dilated(cfg.time_dilation, cfg.byte_divisor)
     if cfg.real_arithmetic:
         model = imported.make_model(cfg, dataset)
         time_model(model, profile)

@@ -28,6 +28,7 @@ from psrt.grid import Grid
 from psrt.train import core, emulated, imported, layout, prediction, report
 from psrt.train.callbacks import user
 from psrt.train.callbacks.checkpoints import Checkpoints
+from psrt.train.callbacks.cpu_load import CpuLoad
 from psrt.train.callbacks.evaluation import Evaluation
 from psrt.train.callbacks.heartbeat import Heartbeat
 from psrt.train.callbacks.in_job import InJobRecovery
@@ -166,8 +167,8 @@ def components(cfg: TrainConfig) -> list:
     note a step's fields before metrics and progress write them, the summary row before the
     components that add columns to it, the user's own after psrt's, the timeline last."""
     out = [Restarts()] + ([InJobRecovery()] if env.in_job_recovery() else [])
-    out += [Heartbeat(), Summary(), Routing(), Metrics(), Progress(cfg.quiet), Checkpoints(), MemoryLedger(),
-            Evaluation(), SaveModel()]
+    out += [Heartbeat(), Summary(), CpuLoad(), Routing(), Metrics(), Progress(cfg.quiet), Checkpoints(),
+            MemoryLedger(), Evaluation(), SaveModel()]
     out += [TensorBoard(cfg.tensorboard)] if cfg.tensorboard else []
     return out + user.load(cfg.callback) + [Timeline()]
 

@@ -90,7 +90,7 @@ class TrainConfig:
                               "it (see docs/scaling.md)", "model", metavar="NAME|FILE")
     time_dilation: float = opt(1.0, "with --profile: multiply every compute time by D, so that a slow "
                                "emulated link keeps a faster real cluster's ratio of compute to communication "
-                               "(D = K x real link rate / emulated link rate; latency is not dilated)", "model",
+                               "(D = real link rate / (K x emulated link rate); latency is not dilated)", "model",
                                metavar="D")
     byte_divisor: float = opt(1.0, "with --profile: divide every gradient tensor's size by K (memory and "
                               "link time shrink together; see --time-dilation)", "model", metavar="K")

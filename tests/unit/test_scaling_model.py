@@ -1,0 +1,54 @@
+"""The step model of the scaling bench (psrt/bench/step_model.py) and its command line, without MPI."""
+import argparse
+
+import pytest
+
+from psrt.bench import scaling, step_model
+from psrt.collectives import cost
+from psrt.errors import PsrtError
+
+GBIT = cost.Links(cost.Fit(2e-6, 1 / 4e9, 1.0), cost.Fit(50e-6, 1 / 125e6, 1.0))
+
+
+def test_ring_overlaps_backward_and_the_server_does_not():
+    host_of = step_model.placement(4, 1)
+    ring = step_model.predict_step("ring", 0.01, 0.02, host_of, 1 << 20, GBIT)
+    ps = step_model.predict_step("ps", 0.01, 0.02, host_of, 1 << 20, GBIT)
+    assert ring.step_s == pytest.approx(0.01 + max(0.02, ring.comm_s))
+    assert ps.step_s == pytest.approx(0.03 + ps.comm_s)
+    # the single server's link carries (N-1) x M each way, the ring 2(N-1)/N x M
+    assert ps.comm_s > 2 * ring.comm_s
+
+
+def test_hierarchical_and_local_aggregation_use_the_two_level_model():
+    host_of = step_model.placement(2, 4)
+    flat = step_model.comm_time("ring", host_of, 16 << 20, GBIT)
+    hier = step_model.comm_time("ring-hier", host_of, 16 << 20, GBIT)
+    assert hier == pytest.approx(cost.predict_two_level("hierarchical", host_of, 16 << 20, GBIT))
+    assert 1.3 < flat / hier < 1.8             # the link bound on 2x4 is 1.75x
+    assert step_model.comm_time("ring", [0], 1 << 20, GBIT) == 0.0
+
+
+def test_weak_scaling_speedup():
+    assert step_model.speedup(8, 0.1, 0.2) == pytest.approx(4.0)
+
+
+def args(**kw):
+    base = dict(quick=False, layouts="1x1,2x2", strategies="ring,ps", profiles="resnet50", rate="1gbit",
+                stands_for="25gbit", steps=3, byte_divisor=8.0)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_dilation_follows_the_rates():
+    a = args()
+    scaling.check(a)
+    assert a.dilation == pytest.approx(25 / 8)
+    assert a.layouts == [(1, 1), (2, 2)]
+
+
+@pytest.mark.parametrize("change,words", [({"layouts": "2x2"}, "include 1x1"), ({"layouts": "1x3"}, "at least 2 hosts"),
+                                          ({"strategies": "ps-async"}, "--strategies ps-async"),
+                                          ({"rate": "fast"}, "expected tc rates"), ({"steps": 1}, "--steps 1")])
+def test_bad_settings_are_one_line(change, words):
+    with pytest.raises(PsrtError, match=words.replace("(", r"\(")):
+        scaling.check(args(**change))

@@ -231,6 +231,11 @@ def add_arguments(p) -> None:
     p.add_argument("--subnet", default=SUBNET, help="inside 198.18.0.0/15")
     p.add_argument("--quick", action="store_true", help="resnet50, ring/zero1/ps (+ring-hier, ps-local), "
                    "up to 8 workers, 4 steps")
+    p.add_argument("--predict", action="store_true", help="no measurement: the model's table from 32 to "
+                   "1024 workers on --preset (psrt/bench/scaling_prediction.py); needs no root")
+    p.add_argument("--preset", default="dgx-a100,pcie-25g,emulated", help="with --predict: cluster presets "
+                   "(dgx-a100, pcie-25g, emulated) or your own .json/.toml (comma list)")
+    p.add_argument("--workers", default="32,64,128,256,512,1024", help="with --predict: worker counts")
     p.add_argument("--json")
     p.add_argument("--plot", help="PNG of speed-up against workers")
     p.add_argument("--quiet", action="store_true")
@@ -266,7 +271,33 @@ def check(args) -> None:
     args.dilation = rate_bits(args.stands_for) / (args.byte_divisor * rate_bits(args.rate))
 
 
+def predict_command(args) -> int:
+    """--predict: the model's table on each preset, nothing measured."""
+    from psrt.bench import presets, report, scaling_prediction
+    from psrt.bench.report import need
+    from psrt.train.profile import load
+    texts = [t.strip() for t in args.workers.split(",") if t.strip()]
+    need(texts and all(t.isdigit() and int(t) >= 1 for t in texts), f"--workers {args.workers}: expected counts, e.g. 32,64")
+    chosen = [presets.load(p.strip()) for p in args.preset.split(",") if p.strip()]
+    profiles = [load(p.strip()) for p in args.profiles.split(",") if p.strip()]
+    rows = []
+    for preset in chosen:
+        print(f"# {preset['name']}: {preset['per_node']} per node; inside {preset['intra_gbit_s']:g} Gbit/s, "
+              f"alpha {preset['intra_alpha_us']:g} us; between nodes {preset['inter_gbit_s']:g} Gbit/s per node, "
+              f"alpha {preset['inter_alpha_us']:g} us. {preset['source']}")
+        for prof in profiles:
+            rows += scaling_prediction.rows(prof, preset, [int(t) for t in texts])
+    for prof in profiles:
+        print(f"# {prof.describe()}")
+    report.table(rows, scaling_prediction.COLUMNS)
+    if args.json:
+        report.write_json(args.json, {"rows": rows, "presets": chosen})
+    return 0
+
+
 def command(args) -> int:
+    if args.predict:
+        return predict_command(args)
     check(args)
     from psrt.bench import report
     from psrt.launch import cluster as C

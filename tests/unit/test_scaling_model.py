@@ -52,3 +52,34 @@ def test_dilation_follows_the_rates():
 def test_bad_settings_are_one_line(change, words):
     with pytest.raises(PsrtError, match=words.replace("(", r"\(")):
         scaling.check(args(**change))
+
+
+def test_presets_and_a_users_toml(tmp_path):
+    from psrt.bench import presets, scaling_prediction
+    from psrt.train import profile
+    mine = tmp_path / "mine.toml"
+    mine.write_text('name = "mine"\nper_node = 4\nintra_gbit_s = 256\nintra_alpha_us = 5\n'
+                    'inter_gbit_s = 100\ninter_alpha_us = 10\nsource = "a sheet"\n')
+    preset = presets.load(str(mine))
+    assert preset["per_node"] == 4 and presets.links(preset).inter.bandwidth_bytes_s == pytest.approx(12.5e9)
+    rows = scaling_prediction.rows(profile.load("vgg16"), preset, [32, 1024])
+    by = {(r["workers"], r["strategy"]): r for r in rows}
+    # the single server's link carries every worker's gradients: it stops scaling, the ring does not
+    assert by[1024, "ring"]["speedup"] > 10 * by[1024, "ps"]["speedup"]
+    assert by[32, "ring"]["nodes"] == 8
+    for name in presets.PRESETS:
+        assert presets.load(name)["source"]
+
+
+@pytest.mark.parametrize("text,words", [('per_node = 4\n', "missing intra_gbit_s"),
+                                        ('per_node = 0\nintra_gbit_s = 1\nintra_alpha_us = 1\ninter_gbit_s = 1\n'
+                                         'inter_alpha_us = 1\n', "per_node 0 must be a positive number"),
+                                        ('per_node = [', "cannot read it")])
+def test_bad_presets_are_one_line(tmp_path, text, words):
+    from psrt.bench import presets
+    path = tmp_path / "p.toml"
+    path.write_text(text)
+    with pytest.raises(PsrtError, match=words):
+        presets.load(str(path))
+    with pytest.raises(PsrtError, match="choose one of emulated, dgx-a100, pcie-25g"):
+        presets.load("dgx-h100")

@@ -38,6 +38,8 @@ SUBNET = "198.18.9.0/24"
 LAYOUTS = ((1, 1), (2, 1), (2, 2), (4, 2), (4, 4))
 STRATEGIES = ("ring", "native", "zero1", "zero3", "ps", "ps-sharded")
 MULTI = ("ring-hier", "ps-local")       # on hosts of several ranks only
+DEFAULTS = {"layouts": "1x1,2x1,2x2,4x2,4x4", "strategies": ",".join(STRATEGIES), "profiles": "resnet50,vgg16",
+            "steps": 6}
 QUICK = {"layouts": LAYOUTS[:4], "strategies": ("ring", "zero1", "ps"), "profiles": ["resnet50"], "steps": 4}
 
 
@@ -218,19 +220,19 @@ def plot(payload: dict, path) -> bool:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--profiles", default="resnet50,vgg16", help="shipped profiles or files (comma list)")
-    p.add_argument("--strategies", default=",".join(STRATEGIES), help="flat strategies (comma list); "
+    p.add_argument("--profiles", default=DEFAULTS["profiles"], help="shipped profiles or files (comma list)")
+    p.add_argument("--strategies", default=DEFAULTS["strategies"], help="flat strategies (comma list); "
                    "ring-hier and ps-local are added on hosts of several ranks")
-    p.add_argument("--layouts", default="1x1,2x1,2x2,4x2,4x4", help="hosts x ranks per host (comma list)")
+    p.add_argument("--layouts", default=DEFAULTS["layouts"], help="hosts x ranks per host (comma list)")
     p.add_argument("--rate", default="1gbit", help="emulated link rate (tc syntax)")
     p.add_argument("--byte-divisor", type=float, default=8.0, help="gradient tensors divided by K")
     p.add_argument("--stands-for", default="25gbit", help="the real cluster's link rate: sets the time "
                    "dilation D = rate / (K x --rate)")
-    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--steps", type=int, default=DEFAULTS["steps"])
     p.add_argument("--prefix", default="psrt-s", help="name prefix of the emulated hosts")
     p.add_argument("--subnet", default=SUBNET, help="inside 198.18.0.0/15")
     p.add_argument("--quick", action="store_true", help="resnet50, ring/zero1/ps (+ring-hier, ps-local), "
-                   "up to 8 workers, 4 steps")
+                   "up to 8 workers, 4 steps, where those flags are not given")
     p.add_argument("--predict", action="store_true", help="no measurement: the model's table from 32 to "
                    "1024 workers on --preset (psrt/bench/scaling_prediction.py); needs no root")
     p.add_argument("--preset", default="dgx-a100,pcie-25g,emulated", help="with --predict: cluster presets "
@@ -246,10 +248,13 @@ def check(args) -> None:
     from psrt.bench.report import need
     from psrt.launch.cluster import RATE
     from psrt.train.profile import load
-    if args.quick:
-        args.layouts = ",".join(f"{h}x{r}" for h, r in QUICK["layouts"])
-        args.strategies, args.profiles = ",".join(QUICK["strategies"]), ",".join(QUICK["profiles"])
-        args.steps = QUICK["steps"]
+    if args.quick:              # the quick settings, where the command line left the defaults
+        quick = {"layouts": ",".join(f"{h}x{r}" for h, r in QUICK["layouts"]),
+                 "strategies": ",".join(QUICK["strategies"]), "profiles": ",".join(QUICK["profiles"]),
+                 "steps": QUICK["steps"]}
+        for name, value in quick.items():
+            if getattr(args, name) == DEFAULTS[name]:
+                setattr(args, name, value)
     need(bool(RATE.match(args.rate)) and bool(RATE.match(args.stands_for)),
          f"--rate {args.rate} / --stands-for {args.stands_for}: expected tc rates such as 1gbit, 25gbit")
     texts = [t.strip() for t in args.layouts.split(",") if t.strip()]

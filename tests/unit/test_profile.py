@@ -114,11 +114,12 @@ def test_emulated_gradients_appear_when_the_profile_says():
     for i in range(3):
         at = seen[f"layers.{i}.weight"] - b0
         assert at >= due[i] - 0.002, (i, at, due)
-    # the last layer's gradients come a full two layers' backward before the first's
-    assert seen["layers.0.weight"] - seen["layers.2.weight"] >= 0.07
+    # the last layer's gradients come well before the first's (two layers' backward, 0.08 s, less a
+    # late start on a loaded host)
+    assert seen["layers.0.weight"] - seen["layers.2.weight"] >= 0.04
     assert [layer for layer, _ in model.clock.log] == [2, 1, 0]
     # evaluation waits for nothing
     with torch.no_grad():
         t0 = time.perf_counter()
         model(x)
-        assert time.perf_counter() - t0 < 0.02
+        assert time.perf_counter() - t0 < 0.5 * p.forward_s

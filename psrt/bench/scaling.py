@@ -209,12 +209,13 @@ def plot(payload: dict, path) -> bool:
             colour = f"C{k}"
             pts = sorted((r["workers"], r["speedup"], r["predicted_speedup"], r["cpu_bound"])
                          for r in rows if r["strategy"] == s)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", color=colour, label=f"{s} measured",
-                    markerfacecolor="none")
+            for j, (w, up, _, cpu) in enumerate(pts):     # hollow: CPU-bound, not a network result
+                ax.plot([w], [up], "o", color=colour, markerfacecolor="none" if cpu else colour,
+                        label=f"{s} measured" if j == 0 else None)
             pred = [(p[0], p[2]) for p in pts if p[2]]
             if pred:
                 ax.plot([p[0] for p in pred], [p[1] for p in pred], "-", color=colour, alpha=0.6)
-        label(ax, f"{profile}: speed-up (lines: model)", "workers", "speed-up")
+        label(ax, f"{profile}: speed-up (lines: model; hollow: CPU-bound)", "workers", "speed-up")
         ax.legend(fontsize=7)
     return save(plt, fig, path)
 

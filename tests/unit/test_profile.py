@@ -123,3 +123,27 @@ def test_emulated_gradients_appear_when_the_profile_says():
         t0 = time.perf_counter()
         model(x)
         assert time.perf_counter() - t0 < 0.5 * p.forward_s
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--real-arithmetic"], "--real-arithmetic changes a profile's emulated compute: it needs --profile"),
+    (["--time-dilation", "3"], "--time-dilation changes a profile's emulated compute"),
+    (["--profile", "vgg16", "--time-dilation", "0"], "--time-dilation 0.0: must be a positive finite number"),
+    (["--profile", "vgg16", "--byte-divisor", "0.5"], "--byte-divisor 0.5: must be a finite number of at least 1"),
+    (["--profile", "vgg16", "--model", "transformer", "--pp", "2"], "--profile emulates the whole model on every rank"),
+    (["--profile", "vgg16", "--model", "transformer"], "use --data digits or synthetic"),
+    (["--profile", "vgg16", "--width", "32"], "--width shapes --model"),
+    (["--profile", "x.json", "--real-arithmetic", "--byte-divisor", "4"], "--byte-divisor resizes"),
+    (["--profile", "nope"], "--profile 'nope': choose one of"),
+])
+def test_the_profile_flags_refuse_in_one_line(argv, words):
+    from psrt.train.config import parse_args
+    with pytest.raises(PsrtError) as err:
+        parse_args(argv)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_profile_flags_accept_a_dilated_profile():
+    from psrt.train.config import parse_args
+    cfg = parse_args(["--profile", "resnet50", "--time-dilation", "3.125", "--byte-divisor", "8"])
+    assert (cfg.profile, cfg.time_dilation, cfg.byte_divisor) == ("resnet50", 3.125, 8.0)

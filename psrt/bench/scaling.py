@@ -37,7 +37,7 @@ HELP = ("speed-up of every strategy from 1 to 16 workers on emulated accelerator
 SUBNET = "198.18.9.0/24"
 LAYOUTS = ((1, 1), (2, 1), (2, 2), (4, 2), (4, 4))
 STRATEGIES = ("ring", "native", "zero1", "zero3", "ps", "ps-sharded")
-MULTI = ("ring-hier", "ps-local")       # on hosts of several ranks only
+MULTI = ("ring-hier", "ps-local", "ring-auto")       # on hosts of several ranks only
 DEFAULTS = {"layouts": "1x1,2x1,2x2,4x2,4x4", "strategies": ",".join(STRATEGIES), "profiles": "resnet50,vgg16",
             "steps": 6}
 QUICK = {"layouts": LAYOUTS[:4], "strategies": ("ring", "zero1", "ps"), "profiles": ["resnet50"], "steps": 4}
@@ -88,17 +88,25 @@ def read_metrics(path_for, dps: list[str]) -> dict:
     return out
 
 
+def launches(strategies: list[str]) -> list[list[str]]:
+    """The cells grouped into launches: a launch trains each of its --dp once, so the flat
+    strategies go together and the variants (one --dp with a flag of their own) are packed
+    so that no --dp repeats in one launch."""
+    out = [[s for s in strategies if s not in VARIANTS]]
+    for s in (s for s in strategies if s in VARIANTS):
+        home = next((group for group in out[1:] if VARIANTS[s][0] not in (VARIANTS[g][0] for g in group)), None)
+        if home is None:
+            out.append([s])
+        else:
+            home.append(s)
+    return [group for group in out if group]
+
+
 def measure_layout(profile: str, hosts: int, per_host: int, args, strategies: list[str]) -> dict:
-    """{cell strategy: (step seconds, summary row)} of one layout: one launch for the flat
-    strategies, one for ring-hier and ps-local (their flags)."""
+    """{cell strategy: (step seconds, summary row)} of one layout (`launches`)."""
     from psrt.launch import cluster as C
     found = {}
     with tempfile.TemporaryDirectory() as tmp:
-        launches = [(list(s for s in strategies if s not in VARIANTS), [], "flat")]
-        variants = [s for s in strategies if s in VARIANTS]
-        if variants:
-            launches.append(([VARIANTS[s][0] for s in variants],
-                             [f for s in variants for f in VARIANTS[s][1]], "variants"))
         if hosts * per_host == 1:                # one worker: every strategy is the same step
             argv = train_argv(profile, args, ["ring"], 1, os.path.join(tmp, "one.jsonl"), [])
             subprocess.run(argv, stdin=subprocess.DEVNULL, env=jobs.rank_env(), check=True)
@@ -106,22 +114,19 @@ def measure_layout(profile: str, hosts: int, per_host: int, args, strategies: li
             return {s: got for s in strategies}
         names = tuple(f"{args.prefix}{i}" for i in range(hosts))
         with C.running(C.Cluster(names, args.subnet, args.rate)) as cluster:
-            for dps, extra, tag in launches:
-                if not dps:
-                    continue
-                metrics = os.path.join(tmp, f"{tag}.jsonl")
+            for k, cells in enumerate(launches(strategies)):
+                dps = [VARIANTS[c][0] if c in VARIANTS else c for c in cells]
+                extra = [f for c in cells if c in VARIANTS for f in VARIANTS[c][1]]
+                metrics = os.path.join(tmp, f"launch{k}.jsonl")
                 argv = train_argv(profile, args, dps, hosts * per_host, metrics, extra)
                 code = jobs.run_on_cluster(cluster, [(n, per_host) for n in names], argv)
                 if code != 0:
-                    print(f"psrt.bench scaling: {profile} {hosts}x{per_host} {','.join(dps)} failed (exit {code})",
+                    print(f"psrt.bench scaling: {profile} {hosts}x{per_host} {' '.join(cells)} failed (exit {code})",
                           file=sys.stderr, flush=True)
                     continue
                 stem = metrics[:-len(".jsonl")]
                 got = read_metrics(lambda dp: f"{stem}.{dp}.jsonl" if len(dps) > 1 else metrics, dps)
-                for cell in (strategies if tag == "flat" else variants):
-                    dp = cell if tag == "flat" else VARIANTS[cell][0]
-                    if dp in got and (tag == "flat") == (cell not in VARIANTS):
-                        found[cell] = got[dp]
+                found.update({c: got[dp] for c, dp in zip(cells, dps) if dp in got})
     return found
 
 
@@ -144,12 +149,16 @@ def run(args) -> dict:
         strategies = list(args.strategies) + (list(MULTI) if per_host > 1 else [])
         measured = measure_layout(profile, hosts, per_host, args, strategies)
         prof = load(profile).dilated(args.dilation, args.byte_divisor)
+        # a launch of one strategy measures no link (psrt.train fits it when comparing): the
+        # layout's fit from another launch stands for it
+        fitted = next((sm for _, sm in measured.values() if "alpha_s" in sm), {})
         for s, (step_s, summary) in measured.items():
             rows.append({"profile": profile, "layout": f"{hosts}x{per_host}", "hosts": hosts, "per_host": per_host,
                          "workers": hosts * per_host, "strategy": s, "step_s": step_s,
                          "cpu_bound": bool(summary.get("cpu_bound")), "run_queue": summary.get("run_queue"),
                          "grad_bytes": summary.get("grad_bytes", prof.grad_bytes()),
-                         "links": links_of(summary, hosts, per_host), "prof": prof})
+                         "links": links_of(summary if "alpha_s" in summary else fitted, hosts, per_host),
+                         "prof": prof})
         progress.update(i + 1, f"{profile} {hosts}x{per_host}")
     return assemble(rows, args)
 
@@ -175,6 +184,11 @@ def assemble(rows: list[dict], args) -> dict:
         r["predicted_speedup"] = (speedup(r["workers"], prof.forward_s + prof.backward_s, pred) if pred else None)
         r["bound"] = "cpu" if r["cpu_bound"] else r.get("model_bound", "compute")
         out.append(r)
+    for r in out:                 # auto against the fastest ring measured on the same layout
+        if r["strategy"] == "ring-auto":
+            rings = [o["step_s"] for o in out if (o["profile"], o["layout"]) == (r["profile"], r["layout"])
+                     and o["strategy"] in ("ring", "ring-hier")]
+            r["auto_vs_fastest"] = r["step_s"] / min(rings) - 1 if rings else None
     return {"rows": out, "stands_for": stands_for(args), "rate": args.rate, "dilation": args.dilation,
             "byte_divisor": args.byte_divisor, "cores": os.cpu_count()}
 
@@ -189,7 +203,8 @@ def stands_for(args) -> str:
 COLUMNS = [("profile", "profile", ""), ("layout", "hosts x ranks", ""), ("workers", "workers", "d"),
            ("strategy", "strategy", ""), ("step_s", "step (s)", ".3f"), ("speedup", "speed-up", ".2f"),
            ("efficiency", "efficiency", ".0%"), ("bound", "bound by", ""), ("predicted_s", "predicted (s)", ".3f"),
-           ("error", "error", "+.0%"), ("predicted_speedup", "predicted speed-up", ".2f")]
+           ("error", "error", "+.0%"), ("predicted_speedup", "predicted speed-up", ".2f"),
+           ("auto_vs_fastest", "auto vs fastest ring", "+.0%")]
 
 
 def plot(payload: dict, path) -> bool:

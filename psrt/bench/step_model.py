@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from psrt.collectives import cost
 from psrt.dp import traffic
 
-OVERLAPPED = ("ring", "native", "zero1", "zero2", "ring-hier")
+OVERLAPPED = ("ring", "native", "zero1", "zero2", "ring-hier", "ring-auto")
 # The cells' names for the strategies that need a flag besides --dp.
 VARIANTS = {"ring-hier": ("ring", ["--algorithm", "hierarchical"]),
-            "ps-local": ("ps", ["--local-aggregation"])}
+            "ps-local": ("ps", ["--local-aggregation"]),
+            "ring-auto": ("ring", ["--algorithm", "auto"])}
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ def comm_time(strategy: str, host_of: list[int], grad_bytes: float, links: cost.
     n = len(host_of)
     if n < 2:
         return 0.0
+    if strategy == "ring-auto":             # the model's own choice: the faster of the two
+        return min(comm_time("ring", host_of, grad_bytes, links), comm_time("ring-hier", host_of, grad_bytes, links))
     if strategy == "ring-hier":
         return cost.predict_two_level("hierarchical", host_of, grad_bytes, links)
     if strategy == "ps-local":

@@ -1,6 +1,6 @@
 """psrt.bench scaling on emulated hosts (root): a small run gives every cell its step,
-speed-up, bound and prediction, ring-hier and ps-local included on hosts of two ranks, and
-draws the PNG; nothing of the cluster is left behind."""
+speed-up, bound and prediction (ring-hier, ps-local and ring-auto on hosts of two ranks,
+auto beside the fastest ring), and draws the PNG; nothing of the cluster is left behind."""
 from __future__ import annotations
 
 import json
@@ -28,10 +28,12 @@ def test_a_small_scaling_run_fills_every_cell(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     cells = {(r["layout"], r["strategy"]) for r in rows}
-    assert {("2x2", s) for s in ("ring", "ps", "ring-hier", "ps-local")} <= cells
+    assert {("2x2", s) for s in ("ring", "ps", "ring-hier", "ps-local", "ring-auto")} <= cells
     for r in rows:
         assert r["step_s"] > 0 and r["speedup"] > 0 and r["predicted_s"] > 0
         assert r["bound"] in ("cpu", "link", "compute")
+    auto = next(r for r in rows if r["strategy"] == "ring-auto")
+    assert auto["auto_vs_fastest"] is not None
     assert "stands for the same accelerators on links of" in proc.stdout
     assert png.stat().st_size > 0
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

@@ -90,3 +90,12 @@ def test_bad_presets_are_one_line(tmp_path, text, words):
         presets.load(str(path))
     with pytest.raises(PsrtError, match="choose one of emulated, dgx-a100, pcie-25g"):
         presets.load("dgx-h100")
+
+
+def test_variants_share_a_launch_only_with_other_strategies():
+    groups = scaling.launches(["ring", "ps", "ring-hier", "ps-local", "ring-auto"])
+    assert groups == [["ring", "ps"], ["ring-hier", "ps-local"], ["ring-auto"]]
+    host_of = step_model.placement(2, 4)
+    auto = step_model.comm_time("ring-auto", host_of, 16 << 20, GBIT)
+    assert auto == min(step_model.comm_time("ring", host_of, 16 << 20, GBIT),
+                       step_model.comm_time("ring-hier", host_of, 16 << 20, GBIT))

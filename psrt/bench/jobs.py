@@ -48,6 +48,16 @@ def local(np_: int, args: list[str], timeout_s: float | None = None, env: dict |
 def on_cluster(cluster, ranks_per_host: list[tuple[str, int]], args: list[str]) -> dict:
     """The same on a running emulated cluster (psrt.cluster.running), `ranks_per_host` being
     [(host, ranks)] in rank order; mpirun starts on the first host."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out.json")
+        code = run_on_cluster(cluster, ranks_per_host, _bench(args, out))
+        layout = "+".join(str(n) for _, n in ranks_per_host)
+        return read_result(code, out, f"psrt.bench {args[0]} on emulated hosts ({layout} ranks)")
+
+
+def run_on_cluster(cluster, ranks_per_host: list[tuple[str, int]], argv: list[str]) -> int:
+    """Any command `argv` as an MPI job on a running emulated cluster (as on_cluster); its
+    exit code."""
     from psrt.launch import cluster as C
     from psrt.launch.hostfile import Host
     from psrt.launch.mpi import find_mpirun, mpi_flavour, run_job
@@ -55,13 +65,8 @@ def on_cluster(cluster, ranks_per_host: list[tuple[str, int]], args: list[str]) 
 
     mpirun = find_mpirun()
     flavour = mpi_flavour(mpirun)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "out.json")
-        req = Request(command=tuple(_bench(args, out)), hosts=tuple(Host(h, n) for h, n in ranks_per_host),
-                      np=sum(n for _, n in ranks_per_host), emulated=True, threads=1)
-        env = C.job_env(cluster, flavour, rank_env())
-        plan = plan_mpirun(req, flavour, mpirun, env, os.cpu_count() or 1,
-                           emulation=C.mpi_flags(cluster, flavour))
-        code = run_job(C.exec_argv(cluster.hosts[0], plan.argv), {**env, **plan.env})
-        layout = "+".join(str(n) for _, n in ranks_per_host)
-        return read_result(code, out, f"psrt.bench {args[0]} on emulated hosts ({layout} ranks)")
+    req = Request(command=tuple(argv), hosts=tuple(Host(h, n) for h, n in ranks_per_host),
+                  np=sum(n for _, n in ranks_per_host), emulated=True, threads=1)
+    env = C.job_env(cluster, flavour, rank_env())
+    plan = plan_mpirun(req, flavour, mpirun, env, os.cpu_count() or 1, emulation=C.mpi_flags(cluster, flavour))
+    return run_job(C.exec_argv(cluster.hosts[0], plan.argv), {**env, **plan.env})

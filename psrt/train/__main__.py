@@ -34,7 +34,11 @@ def main(argv=None) -> int:
     from psrt.train.loop import train_all   # torch from here on
     rows = train_all(cfg, world)
     if rows is not None:
-        print(f"\n{cfg.model} on {cfg.data}: global batch {cfg.batch_size}, {world.size} "
+        what = f"{cfg.model} on {cfg.data}"
+        if cfg.profile:
+            what = (f"{cfg.model} on {cfg.data}, timed by profile {cfg.profile}" if cfg.real_arithmetic
+                    else f"profile {cfg.profile} (emulated compute, gradients seeded by {cfg.data})")
+        print(f"\n{what}: global batch {cfg.batch_size}, {world.size} "
               f"rank{'s' * (world.size != 1)}, "
               f"{cfg.optimizer} lr {cfg.lr:g}")
         print(report.summary_table(rows))
@@ -53,6 +57,14 @@ def main(argv=None) -> int:
                 print(f"{row['dp']}: backup workers {row['backup_workers']}: the server left out "
                       f"{row['left_out']} worker gradients over {row['steps_run']} steps (the last to "
                       "arrive each step)")
+        for row in rows:
+            if row.get("cpu_bound"):
+                print(f"{row['dp']}: CPU-bound: the ranks waited for a core {row['run_queue']:.0%} of the time "
+                      f"(busy {row['cpu_busy']:.0%}): these steps measure the host's CPU, not the link")
+        if cfg.profile and (cfg.time_dilation, cfg.byte_divisor) != (1.0, 1.0):
+            print(f"time dilation: compute x{cfg.time_dilation:g}, gradient bytes /{cfg.byte_divisor:g}: over an "
+                  f"emulated link of B this stands for a cluster with links of {cfg.time_dilation * cfg.byte_divisor:g} x B "
+                  f"and the real gradient sizes, its step times {cfg.time_dilation:g}x shorter (latency not dilated)")
         for row in rows:
             line = report.axes_line(row)
             if line:

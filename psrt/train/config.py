@@ -84,6 +84,18 @@ class TrainConfig:
     layers: int = opt(0, "hidden layers (mlp) or blocks (transformer); 0: default (1, 2)", "model", metavar="N")
     recompute: bool = opt(False, "activation recomputation: keep only each transformer block's input and "
                           "run the block again in backward (transformer, moe)", "model")
+    profile: str | None = opt(None, "emulate an accelerator's compute from a model profile (a shipped "
+                              "name: resnet50, vgg16, gpt2-small, bert-base; or a .json file): its real parameters, "
+                              "timed waits instead of arithmetic, each gradient when its backward would produce "
+                              "it (see docs/scaling.md)", "model", metavar="NAME|FILE")
+    time_dilation: float = opt(1.0, "with --profile: multiply every compute time by D, so that a slow "
+                               "emulated link keeps a faster real cluster's ratio of compute to communication "
+                               "(D = real link rate / (K x emulated link rate); latency is not dilated)", "model",
+                               metavar="D")
+    byte_divisor: float = opt(1.0, "with --profile: divide every gradient tensor's size by K (memory and "
+                              "link time shrink together; see --time-dilation)", "model", metavar="K")
+    real_arithmetic: bool = opt(False, "with --profile: run --model's real forward and backward, timed by "
+                                "the profile (it must list the model's parameters: a recorded one)", "model")
     seq_len: int = opt(64, "characters per training window (--data text)", "model", metavar="N")
     experts: int = opt(0, "experts per MoE layer (--model moe; 0: 4)", "model", metavar="E")
     top_k: int = opt(1, "experts per token (--model moe): 1 (Switch) or 2 (GShard)", "model", metavar="K")
@@ -178,6 +190,7 @@ class TrainConfig:
             raise PsrtError(f"--model {self.model} cannot train on --data {self.data}: the transformers "
                             "(transformer, moe) need --data text, and text needs one of them", everywhere=True)
         self.check_moe(own)
+        self.check_profile()
         if self.sequence_parallel and self.tp == 1:
             raise PsrtError("--sequence-parallel splits the sequence over the tensor-parallel ranks: "
                             "it needs --tp 2 or more", everywhere=True)
@@ -188,6 +201,35 @@ class TrainConfig:
             raise PsrtError(f"--pp {self.pp} --tp {self.tp}: model parallelism splits the transformer; "
                             f"use --model transformer or moe (got --model {self.model})", everywhere=True)
         self.check_outputs()
+
+    def check_profile(self) -> None:
+        """--profile and the flags it needs or excludes, each a one-line error."""
+        if self.profile is None:
+            for name in ("real_arithmetic", "time_dilation", "byte_divisor"):
+                if self.given(name):
+                    raise PsrtError(f"{flag(name)} changes a profile's emulated compute: it needs --profile",
+                                    everywhere=True)
+            return
+        if not (self.time_dilation > 0 and math.isfinite(self.time_dilation)):
+            raise PsrtError(f"--time-dilation {self.time_dilation}: must be a positive finite number", everywhere=True)
+        if not (self.byte_divisor >= 1 and math.isfinite(self.byte_divisor)):
+            raise PsrtError(f"--byte-divisor {self.byte_divisor}: must be a finite number of at least 1",
+                            everywhere=True)
+        if self.real_arithmetic and self.byte_divisor != 1:
+            raise PsrtError("--byte-divisor resizes a profile's tensors; --real-arithmetic keeps the model's own "
+                            "(use --time-dilation alone)", everywhere=True)
+        if self.pp * self.tp != 1 or self.model == "moe":
+            raise PsrtError("--profile emulates the whole model on every rank; with --pp, --tp or --model moe "
+                            "the layers are split over ranks, which a profile does not describe", everywhere=True)
+        if not self.real_arithmetic and self.data == "text":
+            raise PsrtError("--profile without --real-arithmetic emulates a classifier's loss: use --data "
+                            "digits or synthetic (the data only seeds the gradients)", everywhere=True)
+        for name in ("width", "layers", "recompute"):
+            if self.given(name) and not self.real_arithmetic:
+                raise PsrtError(f"{flag(name)} shapes --model; --profile {self.profile} without --real-arithmetic "
+                                "takes its shapes from the profile", everywhere=True)
+        from psrt.train.profile import load
+        load(self.profile)                     # a bad name or file: one line now, not on every rank later
 
     def check_outputs(self) -> None:
         """The output flags that need one another, and --callback's names (imported later)."""

@@ -25,9 +25,10 @@ from psrt.dp.device import pick as pick_device
 from psrt.dp.device import to as to_device
 from psrt.errors import PsrtError, make_options
 from psrt.grid import Grid
-from psrt.train import core, imported, layout, prediction, report
+from psrt.train import core, emulated, imported, layout, prediction, report
 from psrt.train.callbacks import user
 from psrt.train.callbacks.checkpoints import Checkpoints
+from psrt.train.callbacks.cpu_load import CpuLoad
 from psrt.train.callbacks.evaluation import Evaluation
 from psrt.train.callbacks.heartbeat import Heartbeat
 from psrt.train.callbacks.in_job import InJobRecovery
@@ -125,7 +126,7 @@ def build_layout(cfg: TrainConfig, dp: str, world, dataset, tracer: Tracer, make
     torch.manual_seed(cfg.seed)
     if not layout.axes(cfg.pp, cfg.tp, cfg.model == "moe"):
         group = psrt.Communicator(world.comm, algorithm="auto", tracer=tracer)
-        model = imported.make_model(cfg, dataset).to(device)
+        model = emulated.build_model(cfg, dataset).to(device)
         criterion = imported.loss_of(cfg, dataset)
         loss_fn = autocast_loss(lambda mb: loss_and_correct(model, mb, dataset.task, criterion)[0],
                                 compute_dtype, scaler, device)
@@ -166,8 +167,8 @@ def components(cfg: TrainConfig) -> list:
     note a step's fields before metrics and progress write them, the summary row before the
     components that add columns to it, the user's own after psrt's, the timeline last."""
     out = [Restarts()] + ([InJobRecovery()] if env.in_job_recovery() else [])
-    out += [Heartbeat(), Summary(), Routing(), Metrics(), Progress(cfg.quiet), Checkpoints(), MemoryLedger(),
-            Evaluation(), SaveModel()]
+    out += [Heartbeat(), Summary(), CpuLoad(), Routing(), Metrics(), Progress(cfg.quiet), Checkpoints(),
+            MemoryLedger(), Evaluation(), SaveModel()]
     out += [TensorBoard(cfg.tensorboard)] if cfg.tensorboard else []
     return out + user.load(cfg.callback) + [Timeline()]
 

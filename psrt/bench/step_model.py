@@ -1,0 +1,81 @@
+"""A training step's predicted time on a placement: a profile's compute plus the strategy's
+communication from psrt's alpha-beta models, with the overlap of backward the strategy has.
+
+    step = forward + max(backward, comm)   ring-like with overlap (DDP buckets reduce while
+                                           backward runs: Li et al., "PyTorch Distributed",
+                                           VLDB 2020, sec. 3.2.3; the last bucket is not
+                                           hidden, which this bound leaves out)
+    step = forward + backward + comm       the parameter servers (a worker pushes after its
+                                           backward and waits for the pull: psrt/dp/ps.py),
+                                           zero3 (its gathers wait on each unit)
+
+comm: the flat strategies from psrt.dp.traffic (bottleneck link per phase, Thakur,
+Rabenseifner & Gropp 2005); the hierarchical all-reduce and the parameter server with local
+aggregation from the two-level model (psrt.collectives.cost.predict_two_level).  Per-host
+NIC sharing is in both: every transfer leaving a host is charged to that host's link.
+
+No torch and no MPI here: tests/unit/test_scaling_model.py checks it alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psrt.collectives import cost
+from psrt.dp import traffic
+
+OVERLAPPED = ("ring", "native", "zero1", "zero2", "ring-hier", "ring-auto")
+# The cells' names for the strategies that need a flag besides --dp.
+VARIANTS = {"ring-hier": ("ring", ["--algorithm", "hierarchical"]),
+            "ps-local": ("ps", ["--local-aggregation"]),
+            "ring-auto": ("ring", ["--algorithm", "auto"])}
+
+
+@dataclass(frozen=True)
+class Step:
+    compute_s: float
+    comm_s: float
+    step_s: float
+
+    @property
+    def bound(self) -> str:
+        """What the model says sets the step: the link or the compute."""
+        return "link" if self.comm_s > self.compute_s else "compute"
+
+
+def comm_time(strategy: str, host_of: list[int], grad_bytes: float, links: cost.Links) -> float | None:
+    """Predicted communication of one step of `strategy` (a cell name: ring-hier, ps-local
+    included) on the placement host_of (rank -> host), or None where no model covers it."""
+    n = len(host_of)
+    if n < 2:
+        return 0.0
+    if strategy == "ring-auto":             # the model's own choice: the faster of the two
+        return min(comm_time("ring", host_of, grad_bytes, links), comm_time("ring-hier", host_of, grad_bytes, links))
+    if strategy == "ring-hier":
+        return cost.predict_two_level("hierarchical", host_of, grad_bytes, links)
+    if strategy == "ps-local":
+        return cost.predict_two_level("ps-local", host_of, grad_bytes, links)
+    p = traffic.predict(strategy, n, grad_bytes, host_of, links.inter)
+    return None if p is None else p.total_s
+
+
+def predict_step(strategy: str, forward_s: float, backward_s: float, host_of: list[int], grad_bytes: float,
+                 links: cost.Links) -> Step | None:
+    """The step of `strategy` (see the module); None where no model covers it."""
+    comm = comm_time(strategy, host_of, grad_bytes, links)
+    if comm is None:
+        return None
+    if strategy in OVERLAPPED:
+        step = forward_s + max(backward_s, comm)
+    else:
+        step = forward_s + backward_s + comm
+    return Step(forward_s + backward_s, comm, step)
+
+
+def placement(hosts: int, per_host: int) -> list[int]:
+    """rank -> host for `hosts` hosts of `per_host` ranks, ranks filling a host first."""
+    return [r // per_host for r in range(hosts * per_host)]
+
+
+def speedup(workers: int, one_s: float, step_s: float) -> float:
+    """Weak scaling (each worker its own batch): samples per second against one worker's."""
+    return workers * one_s / step_s

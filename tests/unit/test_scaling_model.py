@@ -1,0 +1,101 @@
+"""The step model of the scaling bench (psrt/bench/step_model.py) and its command line, without MPI."""
+import argparse
+
+import pytest
+
+from psrt.bench import scaling, step_model
+from psrt.collectives import cost
+from psrt.errors import PsrtError
+
+GBIT = cost.Links(cost.Fit(2e-6, 1 / 4e9, 1.0), cost.Fit(50e-6, 1 / 125e6, 1.0))
+
+
+def test_ring_overlaps_backward_and_the_server_does_not():
+    host_of = step_model.placement(4, 1)
+    ring = step_model.predict_step("ring", 0.01, 0.02, host_of, 1 << 20, GBIT)
+    ps = step_model.predict_step("ps", 0.01, 0.02, host_of, 1 << 20, GBIT)
+    assert ring.step_s == pytest.approx(0.01 + max(0.02, ring.comm_s))
+    assert ps.step_s == pytest.approx(0.03 + ps.comm_s)
+    # the single server's link carries (N-1) x M each way, the ring 2(N-1)/N x M
+    assert ps.comm_s > 2 * ring.comm_s
+
+
+def test_hierarchical_and_local_aggregation_use_the_two_level_model():
+    host_of = step_model.placement(2, 4)
+    flat = step_model.comm_time("ring", host_of, 16 << 20, GBIT)
+    hier = step_model.comm_time("ring-hier", host_of, 16 << 20, GBIT)
+    assert hier == pytest.approx(cost.predict_two_level("hierarchical", host_of, 16 << 20, GBIT))
+    assert 1.3 < flat / hier < 1.8             # the link bound on 2x4 is 1.75x
+    assert step_model.comm_time("ring", [0], 1 << 20, GBIT) == 0.0
+
+
+def test_weak_scaling_speedup():
+    assert step_model.speedup(8, 0.1, 0.2) == pytest.approx(4.0)
+
+
+def args(**kw):
+    base = dict(quick=False, layouts="1x1,2x2", strategies="ring,ps", profiles="resnet50", rate="1gbit",
+                stands_for="25gbit", steps=3, byte_divisor=8.0)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_quick_fills_only_what_the_command_line_left():
+    a = args(quick=True, layouts="1x1,2x1", strategies=scaling.DEFAULTS["strategies"],
+             profiles=scaling.DEFAULTS["profiles"], steps=scaling.DEFAULTS["steps"])
+    scaling.check(a)
+    assert a.layouts == [(1, 1), (2, 1)] and a.strategies == ["ring", "zero1", "ps"] and a.steps == 4
+
+
+def test_dilation_follows_the_rates():
+    a = args()
+    scaling.check(a)
+    assert a.dilation == pytest.approx(25 / 8)
+    assert a.layouts == [(1, 1), (2, 2)]
+
+
+@pytest.mark.parametrize("change,words", [({"layouts": "2x2"}, "include 1x1"), ({"layouts": "1x3"}, "at least 2 hosts"),
+                                          ({"strategies": "ps-async"}, "--strategies ps-async"),
+                                          ({"rate": "fast"}, "expected tc rates"), ({"steps": 1}, "--steps 1")])
+def test_bad_settings_are_one_line(change, words):
+    with pytest.raises(PsrtError, match=words.replace("(", r"\(")):
+        scaling.check(args(**change))
+
+
+def test_presets_and_a_users_toml(tmp_path):
+    from psrt.bench import presets, scaling_prediction
+    from psrt.train import profile
+    mine = tmp_path / "mine.toml"
+    mine.write_text('name = "mine"\nper_node = 4\nintra_gbit_s = 256\nintra_alpha_us = 5\n'
+                    'inter_gbit_s = 100\ninter_alpha_us = 10\nsource = "a sheet"\n')
+    preset = presets.load(str(mine))
+    assert preset["per_node"] == 4 and presets.links(preset).inter.bandwidth_bytes_s == pytest.approx(12.5e9)
+    rows = scaling_prediction.rows(profile.load("vgg16"), preset, [32, 1024])
+    by = {(r["workers"], r["strategy"]): r for r in rows}
+    # the single server's link carries every worker's gradients: it stops scaling, the ring does not
+    assert by[1024, "ring"]["speedup"] > 10 * by[1024, "ps"]["speedup"]
+    assert by[32, "ring"]["nodes"] == 8
+    for name in presets.PRESETS:
+        assert presets.load(name)["source"]
+
+
+@pytest.mark.parametrize("text,words", [('per_node = 4\n', "missing intra_gbit_s"),
+                                        ('per_node = 0\nintra_gbit_s = 1\nintra_alpha_us = 1\ninter_gbit_s = 1\n'
+                                         'inter_alpha_us = 1\n', "per_node 0 must be a positive number"),
+                                        ('per_node = [', "cannot read it")])
+def test_bad_presets_are_one_line(tmp_path, text, words):
+    from psrt.bench import presets
+    path = tmp_path / "p.toml"
+    path.write_text(text)
+    with pytest.raises(PsrtError, match=words):
+        presets.load(str(path))
+    with pytest.raises(PsrtError, match="choose one of emulated, dgx-a100, pcie-25g"):
+        presets.load("dgx-h100")
+
+
+def test_variants_share_a_launch_only_with_other_strategies():
+    groups = scaling.launches(["ring", "ps", "ring-hier", "ps-local", "ring-auto"])
+    assert groups == [["ring", "ps"], ["ring-hier", "ps-local"], ["ring-auto"]]
+    host_of = step_model.placement(2, 4)
+    auto = step_model.comm_time("ring-auto", host_of, 16 << 20, GBIT)
+    assert auto == min(step_model.comm_time("ring", host_of, 16 << 20, GBIT),
+                       step_model.comm_time("ring-hier", host_of, 16 << 20, GBIT))

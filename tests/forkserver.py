@@ -65,7 +65,7 @@ def _preload() -> None:
 
 def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
     fds = array.array("i")
-    data, ancdata, _, _ = conn.recvmsg(HEADER.size, socket.CMSG_LEN(3 * fds.itemsize))
+    data, ancdata, _, _ = conn.recvmsg(HEADER.size, socket.CMSG_LEN((3 + len(NAMESPACES)) * fds.itemsize))
     for level, kind, payload in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
@@ -100,7 +100,7 @@ def serve(path: str) -> tuple[socket.socket, dict] | None:
             except (OSError, ValueError, ConnectionError):
                 conn.close()
                 continue
-            why = _cold_reason(conn, request)
+            why = _cold_reason(request)
             if why:
                 conn.sendall(b"cold\n")
                 conn.close()
@@ -140,7 +140,7 @@ FIXED_AT_START = ("LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONHOME", "OMP_NUM_THREAD
                   "OPENBLAS_NUM_THREADS")
 
 
-def _cold_reason(conn: socket.socket, request: dict) -> str | None:
+def _cold_reason(request: dict) -> str | None:
     """Why this rank must start as a fresh interpreter, or None when a fork is the same thing."""
     env = request["env"]
     for name in FIXED_AT_START:
@@ -150,19 +150,31 @@ def _cold_reason(conn: socket.socket, request: dict) -> str | None:
         return "MPI4PY_*"
     if "SLURM_STEP_ID" in env:      # slurmstepd tracks a step's processes itself
         return "srun"
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    peer, _, _ = struct.unpack("3i", creds)
-    try:                            # an emulated host: the rank must live in its network namespace
-        if os.stat(f"/proc/{peer}/ns/net").st_ino != os.stat("/proc/self/ns/net").st_ino:
-            return "network namespace"
-    except OSError:
-        return "network namespace"
     return None
 
 
-# --- the child: become `python ARGS` -----------------------------------------------------------------
+# --- the child: become `python ARGS`
+# The stub's namespaces, which an emulated host gives its processes (`ip netns exec`: network,
+# mount; psrt's launch agent: UTS), sent as /proc/self/ns descriptors in this order.
+NAMESPACES = ("net", "uts", "mnt")
+
+
+def _join(namespaces: list[int]) -> None:
+    """Enter the stub's namespaces where they are not this process's own (setns(2); a mount
+    namespace only lets a single-threaded process in, which a child just forked is)."""
+    import ctypes
+    libc = None
+    for name, fd in zip(NAMESPACES, namespaces):
+        if os.fstat(fd).st_ino != os.stat(f"/proc/self/ns/{name}").st_ino:
+            libc = libc or ctypes.CDLL(None, use_errno=True)
+            if libc.setns(fd, 0) != 0:
+                raise OSError(ctypes.get_errno(), f"setns into the stub's {name} namespace")
+        os.close(fd)
+
+
 def _take_over(fds: list[int], request: dict) -> None:
-    for target, fd in enumerate(fds):
+    _join(fds[3:])
+    for target, fd in enumerate(fds[:3]):
         os.dup2(fd, target)
         os.close(fd)
     os.chdir(request["cwd"])

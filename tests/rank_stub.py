@@ -32,7 +32,10 @@ def main() -> None:
         conn.connect(path)
     except OSError:
         cold(args)                     # no server (it ended, or another mount namespace)
-    conn.sendmsg([struct.pack("!I", len(body))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))])
+    # its streams, then its namespaces (an emulated host's), which the forked process enters
+    spaces = [os.open(f"/proc/self/ns/{name}", os.O_RDONLY) for name in ("net", "uts", "mnt")]
+    fds = array.array("i", [0, 1, 2, *spaces])
+    conn.sendmsg([struct.pack("!I", len(body))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
     conn.sendall(body)
     reply = conn.makefile("rb")
     first = reply.readline().strip()

@@ -15,6 +15,7 @@
     python -m psrt.bench oversubscription --srun  # PSRT_YIELD=0 vs 1 under mpirun and srun
     python -m psrt.bench tune --np 2,4,8          # re-measure the table behind 'auto'
     python -m psrt.bench recovery                 # a lost host: restart on the survivors (root)
+    python -m psrt.bench chaos --trials 8 --seed 1      # seeded faults at random moments (root)
     ./mpi_launch -np 4 python -m psrt.bench backup      # backup workers with a straggler: time and loss
 
 Each subcommand is a module of this package with HELP, add_arguments(parser) and
@@ -29,7 +30,7 @@ import sys
 from psrt.errors import ArgumentParser, cli_main
 
 COMMANDS = ("demo", "suite", "collectives", "training", "c10d", "horovod", "memory", "moe", "pipeline", "pingpong", "network", "oversubscription", "tune",
-            "recovery", "backup")
+            "recovery", "chaos", "backup")
 
 
 def build_parser() -> argparse.ArgumentParser:

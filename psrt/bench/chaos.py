@@ -9,8 +9,8 @@ a lost host or a cut link) with `python -m psrt.train`, and its fault strikes:
   the moments of psrt.train (a step, half-way through a checkpoint write, the final evaluation,
   the final gather, a restart's load);
 - from here for the others, while the rank that sets the moment holds still for a moment
-  (PSRT_FAULT stop): `psrt.cluster fail` of its host, netem loss 100% on its host's link (then
-  restored), a full tmpfs under the checkpoint (then emptied).
+  (PSRT_FAULT stop): `psrt.cluster fail` of its host, a blackhole qdisc on its host's link
+  (every packet it sends dropped; then restored), a full tmpfs under the checkpoint (then emptied).
 
 A trial is bounded (--trial-timeout): a run that does not end by then is stopped and counted
 as failed, never waited for.  Each row: recovered (exit 0 and final parameters within --tol of
@@ -128,10 +128,15 @@ def _hosts(trial: Trial, folder: Path):
 
 
 def _cut(host: str, on: bool) -> None:
+    """Drop every packet leaving `host` (on) or carry them again (off).  The blackhole qdisc,
+    built into every kernel, rather than netem's loss 100%: sch_netem is a module some kernels
+    lack (this machine's among them)."""
     from psrt.launch.cluster import IFACE
-    argv = ["tc", "-n", host, "qdisc"] + (["replace", "dev", IFACE, "root", "netem", "loss", "100%"] if on
+    argv = ["tc", "-n", host, "qdisc"] + (["replace", "dev", IFACE, "root", "blackhole"] if on
                                           else ["del", "dev", IFACE, "root"])
-    subprocess.run(argv, check=False, capture_output=True)
+    done = subprocess.run(argv, check=False, capture_output=True, text=True)
+    if on and done.returncode != 0:
+        raise PsrtError(f"cutting {host}'s link: tc said {' '.join(done.stderr.split())}")
 
 
 def run_trial(trial: Trial, args, work: Path) -> dict:

@@ -10,7 +10,8 @@ Fault kinds, and how each is applied:
 - `sigstop`: one rank stopped longer than PSRT_TIMEOUT, then resumed (PSRT_FAULT stop): the
   others' watchdog finds it silent and ends the job, and its late messages must change nothing;
 - `host-loss`: every process of an emulated host killed and its link down (psrt.cluster fail);
-- `link-cut`: an emulated host's link drops every packet (netem loss 100%) for a while, then
+- `link-cut`: an emulated host's link drops every packet it sends (a blackhole qdisc; netem
+  loss 100% where the kernel has sch_netem) for a while, then
   carries them again;
 - `enospc`: the file system of the checkpoints filled up (a small tmpfs), then emptied again.
 

@@ -260,7 +260,7 @@ def _judge_full_disk(trial, row, code, text, ckpt, disk, argv, env, final, args,
     said = [line for line in text.splitlines() if "error:" in line]
     step = checkpoint_step(ckpt)
     row["checkpoint"] = f"kept, step {step}" if step is not None else "UNREADABLE"
-    if code == 0 or len(said) != 1 or str(ckpt) not in said[0] or step is None:
+    if code != 4 or len(said) != 1 or str(ckpt) not in said[0] or step is None:   # StorageError
         row["why"] = f"exit {code}; error lines: {said}"
         return row
     again = [a for i, a in enumerate(argv) if a != "--restarts" and argv[i - 1] != "--restarts"] + ["--resume"]
@@ -346,8 +346,10 @@ def add_arguments(p) -> None:
     p.add_argument("--every", type=int, default=3, help="--checkpoint-every of the runs")
     p.add_argument("--batch-size", type=int, default=12)
     p.add_argument("--width", type=int, default=8)
-    p.add_argument("--timeout", type=float, default=4.0, help="PSRT_TIMEOUT of the runs")
+    p.add_argument("--timeout", type=float, default=8.0,
+                   help="PSRT_TIMEOUT of the runs (above the ranks' start-up skew on a busy machine: a rank "
+                        "not heard from within it is taken for dead)")
     p.add_argument("--trial-timeout", type=float, default=240.0, help="a trial not over by then has failed")
-    p.add_argument("--parallel", type=int, default=1, help="trials at once")
+    p.add_argument("--parallel", type=int, default=2, help="trials at once")
     p.add_argument("--tol", type=float, default=1e-5)
     p.add_argument("--json")

@@ -21,7 +21,7 @@ import tempfile
 import torch
 
 from psrt import faults
-from psrt.errors import PsrtError
+from psrt.errors import PsrtError, StorageError
 
 FORMAT = "psrt-checkpoint-1"
 # Settings a checkpoint only makes sense with: resuming with another value is refused.
@@ -59,11 +59,11 @@ def atomic_save(obj, path: str, midway=None) -> None:
         os.close(dir_fd)
 
 
-def _agree(ctl, error: str | None, root: int = 0) -> None:
-    """Raise the root's error on every rank (a collective: every rank calls it)."""
+def _agree(ctl, error: str | None, root: int = 0, kind=PsrtError) -> None:
+    """Raise the root's error, a `kind`, on every rank (a collective: every rank calls it)."""
     error = ctl.bcast(error, root=root)
     if error:
-        raise PsrtError(error, everywhere=True)
+        raise kind(error, everywhere=True)
 
 
 def save(path: str, ctl, strategy, step: int, steps_per_epoch: int, config: dict) -> None:
@@ -82,8 +82,9 @@ def save(path: str, ctl, strategy, step: int, steps_per_epoch: int, config: dict
         try:
             atomic_save(payload, path, midway=lambda: faults.strike_if_asked("checkpoint", step))
         except OSError as err:
-            error = f"--checkpoint {path}: cannot write it ({err.strerror or err})"
-    _agree(ctl, error)
+            error = (f"--checkpoint {path}: cannot write it ({err.strerror or err}); "
+                     "the previous checkpoint there is kept")
+    _agree(ctl, error, kind=StorageError)
 
 
 def load(path: str, ctl, strategy, config: dict) -> int:

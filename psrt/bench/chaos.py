@@ -154,7 +154,13 @@ def run_trial(trial: Trial, args, work: Path) -> dict:
         env["PSRT_FAULT"] = faults
         launch = [sys.executable, str(ROOT / "mpi_launch"), "--restarts", "2", "-np", "2"]
         hosts = []
-        if trial.kind in ("host-loss", "link-cut"):
+        if trial.mode == "in-job":
+            # Open MPI 5 from PyPI (ULFM), built once by scripts/with_mpi.sh; 3 ranks, so that
+            # the survivors are a group of two
+            launch = ["bash", str(ROOT / "scripts" / "with_mpi.sh"), "openmpi5", "--", "python",
+                      str(ROOT / "mpi_launch"), "--in-job-recovery", "-np", "3"]
+            row["layout"] = "3 ranks"
+        elif trial.kind in ("host-loss", "link-cut"):
             hosts, subnet = _hosts(trial, folder)
             launch += ["--emulate", "--hostfile", str(folder / "hosts"), "--subnet", subnet]
             row["layout"] = "2 hosts x 1"
@@ -191,10 +197,13 @@ def run_trial(trial: Trial, args, work: Path) -> dict:
         row["checkpoint"] = "loads" if step == args.steps else f"step {step}" if step is not None else "UNREADABLE"
         rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] \
             if metrics.exists() else []
-        backs = [r for r in rows if "restart" in r]
+        backs = [r for r in rows if "restart" in r or "in_job_recovery" in r]
         row["steps_redone"] = str(sum(r.get("steps_lost", 0) for r in backs))
         if backs:
             row["recovery_s"] = f"{backs[-1]['unix_time'] - max(times):.1f}"
+        if trial.mode == "in-job" and not backs:
+            row["why"] = f"exit {code} without an in-job recovery"
+            return row
         if code != 0 or not final.exists():
             said = [line for line in text.splitlines() if "error:" in line]
             row["why"] = f"exit {code}" + (f": {said[-1].strip()}" if said else "")
@@ -320,9 +329,6 @@ def command(args) -> int:
         if unknown:
             raise PsrtError(f"psrt.bench chaos --{name}: unknown {', '.join(sorted(unknown))} "
                             f"(choose among {', '.join(allowed)})")
-    if "in-job" in args.modes.split(","):
-        raise PsrtError("psrt.bench chaos --modes in-job: not run by this command yet "
-                        "(python -m psrt.bench recovery --way in-job measures in-job recovery)")
     try:
         rows = campaign(args)
     except ValueError as err:
@@ -341,7 +347,9 @@ def add_arguments(p) -> None:
     p.add_argument("--trials", type=int, default=8)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma list of " + ", ".join(STRATEGIES))
-    p.add_argument("--modes", default="restarts", help="restarts (mpi_launch --restarts)")
+    p.add_argument("--modes", default="restarts,in-job",
+                   help="restarts (mpi_launch --restarts), in-job (mpi_launch --in-job-recovery: Open MPI 5 "
+                        "from PyPI, ULFM, built once by scripts/with_mpi.sh)")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--every", type=int, default=3, help="--checkpoint-every of the runs")
     p.add_argument("--batch-size", type=int, default=12)

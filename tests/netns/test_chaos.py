@@ -36,9 +36,10 @@ def test_a_seeded_campaign_of_every_fault_kind_ends_right_every_time(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_COMM_", "PMIX_", "PSRT_"))}
     env["PYTHONPATH"] = str(ROOT)
     out = subprocess.run([sys.executable, "-m", "psrt.bench", "chaos", "--trials", "8", "--seed", "1",
-                          "--parallel", "4", "--json", str(tmp_path / "rows.json")],
-                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=600,
+                          "--json", str(tmp_path / "rows.json")],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=900,
                          stdin=subprocess.DEVNULL)
+    print(out.stdout)        # the table docs/reliability.md shows (pytest -s)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert {r["kind"] for r in rows} == set(KINDS) and {r["moment"] for r in rows} == set(MOMENTS)

@@ -3,7 +3,8 @@ whether every run still ends with the parameters of a run that never failed.
 
 The schedule (psrt/bench/nemesis.py) is drawn first and printed; then each trial runs
 `mpi_launch --restarts 2` (two ranks on this machine, or on two emulated hosts of one rank for
-a lost host or a cut link) with `python -m psrt.train`, and its fault strikes:
+a lost host or a cut link) or `mpi_launch --in-job-recovery` (three ranks, Open MPI 5 from
+PyPI through scripts/with_mpi.sh) with `python -m psrt.train`, and its fault strikes:
 
 - from inside a rank (PSRT_FAULT, psrt.faults.strike_if_asked) for a SIGKILL, a SIGSTOP and
   the moments of psrt.train (a step, half-way through a checkpoint write, the final evaluation,
@@ -166,7 +167,9 @@ def run_trial(trial: Trial, args, work: Path) -> dict:
             row["layout"] = "2 hosts x 1"
         elif trial.strategy == "pp2":
             row["layout"] = "pp2 x dp1"
-        argv = launch + [sys.executable] + train_args(trial.strategy, args.steps, args.batch_size, args.width) + [
+        # under with_mpi.sh `python` is its environment's, whose mpi4py is built for Open MPI 5
+        # (this interpreter's is Open MPI 4's: its error classes are not ULFM's)
+        argv = launch + ["python" if trial.mode == "in-job" else sys.executable] + train_args(trial.strategy, args.steps, args.batch_size, args.width) + [
             "--checkpoint", str(ckpt), "--checkpoint-every", str(args.every), "--save", str(final),
             "--metrics", str(metrics)]
         log_path = folder / "run.log"

@@ -28,7 +28,9 @@ import os
 import re
 import subprocess
 import sys
+import signal
 import tempfile
+import threading
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -140,7 +142,33 @@ def _cut(host: str, on: bool) -> None:
         raise PsrtError(f"cutting {host}'s link: tc said {' '.join(done.stderr.split())}")
 
 
-def run_trial(trial: Trial, args, work: Path) -> dict:
+class Runs:
+    """The runs of a campaign still going, so that the campaign, told to stop (SIGTERM,
+    Ctrl-C), ends them at once (each trial's own `finally` then unmounts its disk, and
+    mpi_launch --emulate takes its hosts down) instead of leaving them behind."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._procs: set = set()
+        self.stopped = False
+
+    def start(self, argv, **kw):
+        with self._lock:
+            if self.stopped:
+                raise PsrtError("the campaign was stopped")
+            proc = subprocess.Popen(argv, **kw)
+            self._procs.add(proc)
+            return proc
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopped = True
+            procs = list(self._procs)
+        for proc in procs:
+            _end(proc)
+
+
+def run_trial(trial: Trial, args, work: Path, runs: Runs) -> dict:
     """Run one trial to its end (or its deadline); its row."""
     folder = work / f"trial{trial.index}"
     folder.mkdir()
@@ -175,8 +203,8 @@ def run_trial(trial: Trial, args, work: Path) -> dict:
         log_path = folder / "run.log"
         started = time.monotonic()
         with open(log_path, "w") as log:
-            proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = runs.start(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                              stdin=subprocess.DEVNULL, start_new_session=True)
             try:
                 struck = _strike_from_outside(trial, proc, log_path, hosts, disk, started, args)
                 code = proc.wait(timeout=max(1.0, args.trial_timeout - (time.monotonic() - started)))
@@ -313,7 +341,14 @@ def campaign(args) -> list[dict]:
         for strategy in {t.strategy for t in trials}:       # before the trials, not in parallel ones
             reference(strategy, args, work, _env(args.timeout, work / "logs"))
         with ThreadPoolExecutor(max_workers=args.parallel) as pool:
-            rows = list(pool.map(lambda t: run_trial(t, args, work), trials))
+            runs = Runs()
+            futures = [pool.submit(run_trial, t, args, work, runs) for t in trials]
+            try:
+                rows = [f.result() for f in futures]
+            except BaseException:
+                pool.shutdown(wait=False, cancel_futures=True)
+                runs.stop()
+                raise
     return rows
 
 
@@ -332,6 +367,8 @@ def command(args) -> int:
         if unknown:
             raise PsrtError(f"psrt.bench chaos --{name}: unknown {', '.join(sorted(unknown))} "
                             f"(choose among {', '.join(allowed)})")
+    # SIGTERM (a deadline's `timeout`, a batch system) as Ctrl-C: the runs still going are ended
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         rows = campaign(args)
     except ValueError as err:

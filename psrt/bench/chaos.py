@@ -197,7 +197,8 @@ def run_trial(trial: Trial, args, work: Path, runs: Runs) -> dict:
             row["layout"] = "pp2 x dp1"
         # under with_mpi.sh `python` is its environment's, whose mpi4py is built for Open MPI 5
         # (this interpreter's is Open MPI 4's: its error classes are not ULFM's)
-        argv = launch + ["python" if trial.mode == "in-job" else sys.executable] + train_args(trial.strategy, args.steps, args.batch_size, args.width) + [
+        python = "python" if trial.mode == "in-job" else sys.executable
+        argv = launch + [python] + train_args(trial.strategy, args.steps, args.batch_size, args.width) + [
             "--checkpoint", str(ckpt), "--checkpoint-every", str(args.every), "--save", str(final),
             "--metrics", str(metrics)]
         log_path = folder / "run.log"
@@ -223,7 +224,7 @@ def run_trial(trial: Trial, args, work: Path, runs: Runs) -> dict:
             row["why"] = f"the fault never struck (exit {code})"
             return row
         if trial.kind == "enospc":
-            return _judge_full_disk(trial, row, code, text, ckpt, disk, argv, env, final, args, folder)
+            return _judge_full_disk(trial, row, code, text, ckpt, argv, env, final, args, folder, runs)
         step = checkpoint_step(ckpt)
         row["checkpoint"] = "loads" if step == args.steps else f"step {step}" if step is not None else "UNREADABLE"
         rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] \
@@ -294,7 +295,7 @@ def _strike_from_outside(trial: Trial, proc, log_path: Path, hosts, disk, starte
     return at
 
 
-def _judge_full_disk(trial, row, code, text, ckpt, disk, argv, env, final, args, folder) -> dict:
+def _judge_full_disk(trial, row, code, text, ckpt, argv, env, final, args, folder, runs) -> dict:
     """A full disk: one line naming the checkpoint, the previous one kept; then, the disk
     emptied, `--resume` must end where a run without a failure does."""
     said = [line for line in text.splitlines() if "error:" in line]
@@ -304,11 +305,17 @@ def _judge_full_disk(trial, row, code, text, ckpt, disk, argv, env, final, args,
         row["why"] = f"exit {code}; error lines: {said}"
         return row
     again = [a for i, a in enumerate(argv) if a != "--restarts" and argv[i - 1] != "--restarts"] + ["--resume"]
-    resumed = subprocess.run(again,
-                             env={k: v for k, v in env.items() if k != "PSRT_FAULT"}, capture_output=True,
-                             text=True, cwd=ROOT, stdin=subprocess.DEVNULL, timeout=args.trial_timeout)
-    if resumed.returncode != 0:
-        row["why"] = f"--resume after the disk was emptied: exit {resumed.returncode}"
+    resumed = runs.start(again, env={k: v for k, v in env.items() if k != "PSRT_FAULT"},
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+                         stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        code = resumed.wait(timeout=args.trial_timeout)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        _end(resumed)
+    if code != 0:
+        row["why"] = f"--resume after the disk was emptied: exit {code}"
         return row
     row["steps_redone"] = "0"
     diff = max_diff(final, reference(trial.strategy, args, folder.parent, _env(args.timeout, folder.parent / "logs")))

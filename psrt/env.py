@@ -67,6 +67,28 @@ def _ranks_step(text: str) -> tuple[tuple[int, ...], int]:
     return _host_ids(ranks), int(step)
 
 
+# The moments of psrt.train at which PSRT_FAULT can strike (psrt.faults.strike_if_asked).
+FAULT_MOMENTS = ("step", "checkpoint", "evaluation", "gather", "recovery")
+FAULT_ACTIONS = ("kill", "stop")
+
+
+def _faults(text: str) -> tuple[tuple, ...]:
+    """`ACTION:RANKS:MOMENT:STEP[:SECONDS][@START]`, several joined by `;`, as tuples
+    (action, ranks, moment, step, seconds, start)."""
+    found = []
+    for part in text.split(";"):
+        part, at, start = part.strip().partition("@")
+        fields = part.split(":")
+        if len(fields) not in (4, 5) or fields[0] not in FAULT_ACTIONS or fields[2] not in FAULT_MOMENTS:
+            raise ValueError
+        if not fields[3].isdigit() or (at and not start.isdigit()):
+            raise ValueError
+        seconds = _positive_float(fields[4]) if len(fields) == 5 else 0.0
+        found.append((fields[0], _host_ids(fields[1]), fields[2], int(fields[3]), seconds,
+                      int(start) if at else 0))
+    return tuple(found)
+
+
 def _flag(text: str) -> bool:
     return _one_of("0", "1")(text) == "1"
 
@@ -145,6 +167,13 @@ VARIABLES = {v.name: v for v in (
              "fault injection: each rank the launcher numbered RANK ends itself with SIGKILL before "
              "`psrt.train`'s step STEP (1-based), as a crash would, in the first start only (not again in a "
              "restart of `mpi_launch --restarts`; tests, `psrt.bench recovery`)"),
+    Variable("PSRT_FAULT", _faults, "ACTION:RANKS:MOMENT:STEP[:SECONDS][@START] (ACTION kill or stop, "
+             f"MOMENT one of {', '.join(FAULT_MOMENTS)}), several joined by ';', e.g. kill:1:checkpoint:6", (),
+             "fault injection at a moment of `psrt.train` (`psrt.bench chaos`): each rank the launcher "
+             "numbered in RANKS is SIGKILLed (kill) or stopped for SECONDS and then resumed (stop) before "
+             "step STEP, half-way through the write of the checkpoint of step STEP, in the final "
+             "evaluation, before the final gather, or while a restart loads its checkpoint (recovery); "
+             "only in start START of `mpi_launch --restarts` (default 0, the first)"),
 )}
 
 
@@ -243,6 +272,11 @@ def in_job_recovery() -> bool:
 def kill_at() -> tuple[tuple[int, ...], int] | None:
     """(launcher ranks, step) of PSRT_KILL_AT (psrt.faults.kill_if_asked), or None."""
     return get("PSRT_KILL_AT")
+
+
+def faults() -> tuple[tuple, ...]:
+    """The faults PSRT_FAULT asks for (psrt.faults.strike_if_asked), () when unset."""
+    return get("PSRT_FAULT")
 
 
 def markdown_table() -> str:

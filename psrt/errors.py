@@ -34,6 +34,14 @@ class PeerTimeout(PsrtError):
     exit_code = 3
 
 
+class StorageError(PsrtError):
+    """A file psrt must write could not be written (a full disk, a file system gone read-only).
+    Exit 4, so that `mpi_launch --restarts` can say why it does not start the job again: the
+    same write would fail the same way until someone makes room (psrt/launch/restart.py)."""
+
+    exit_code = 4
+
+
 def make_options(cls, given: dict, where: str):
     """`cls(**given)` for an options dataclass, refusing a key that is not one of its fields
     in one line naming what it accepts: a misspelt `bucket_m=` must not run with the default

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 import traceback
@@ -123,3 +124,35 @@ def kill_if_asked(step: int) -> None:
     print(f"psrt: PSRT_KILL_AT: rank {launcher_rank()} killed before step {step} at {time.time():.3f}",
           file=sys.stderr, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+# Moments whose STEP field says which occurrence; at the others (evaluation, gather, recovery)
+# a run passes through once per start and STEP is not compared.
+_COUNTED = ("step", "checkpoint")
+
+
+def strike_if_asked(moment: str, step: int = 0) -> None:
+    """Apply the PSRT_FAULT faults that name this rank, this start of the job and `moment`
+    (one of env.FAULT_MOMENTS; `step` the training step it belongs to): SIGKILL, or SIGSTOP
+    with a SIGCONT `seconds` later from a process of its own (a stopped process cannot wake
+    itself).  The line printed first gives the moment (seconds since the epoch), for
+    `psrt.bench chaos` to time the recovery from."""
+    asked = env.faults()
+    if not asked:
+        return
+    rank, start = launcher_rank(), env.restarts()[1]
+    for action, ranks, at, when, seconds, in_start in asked:
+        if at != moment or rank not in ranks or in_start != start or (moment in _COUNTED and when != step):
+            continue
+        what = "killed" if action == "kill" else f"stopped for {seconds:g} s"
+        print(f"psrt: PSRT_FAULT: rank {rank} {what} at {moment} {step} at {time.time():.3f}",
+              file=sys.stderr, flush=True)
+        if action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        else:
+            # Its own session: the job's end (which may kill this rank meanwhile) leaves it be,
+            # and it ends by itself after `seconds`.
+            subprocess.Popen(["/bin/sh", "-c", f"sleep {seconds:g}; kill -CONT {os.getpid()} 2>/dev/null"],
+                             start_new_session=True, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            os.kill(os.getpid(), signal.SIGSTOP)

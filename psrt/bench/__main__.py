@@ -16,6 +16,7 @@
     python -m psrt.bench tune --np 2,4,8          # re-measure the table behind 'auto'
     python -m psrt.bench recovery                 # a lost host: restart on the survivors (root)
     python -m psrt.bench scaling --quick          # speed-up 1..8 workers on emulated accelerators (root)
+    python -m psrt.bench chaos --trials 8 --seed 1      # seeded faults at random moments (root)
     ./mpi_launch -np 4 python -m psrt.bench backup      # backup workers with a straggler: time and loss
 
 Each subcommand is a module of this package with HELP, add_arguments(parser) and
@@ -30,7 +31,7 @@ import sys
 from psrt.errors import ArgumentParser, cli_main
 
 COMMANDS = ("demo", "suite", "collectives", "training", "c10d", "horovod", "memory", "moe", "pipeline", "pingpong", "network", "oversubscription", "tune",
-            "recovery", "backup", "scaling")
+            "recovery", "chaos", "backup", "scaling")
 
 
 def build_parser() -> argparse.ArgumentParser:

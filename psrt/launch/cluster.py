@@ -299,11 +299,13 @@ def _stop_processes(namespaces) -> None:
 
 
 def fail(host: str) -> None:
-    """Emulate a lost host: every process on `host` is killed (SIGKILL, as a crash gives no
-    warning) and its link goes down, so the other hosts and the launch agent no longer reach it."""
+    """Emulate a lost host: its link goes down, so the other hosts and the launch agent no
+    longer reach it, and every process on `host` is killed (SIGKILL, as a crash gives no
+    warning).  The link first: the killed processes end the job at once, and a restart that
+    asked the hosts before the link was down would find this one still answering."""
+    _run(["ip", "-n", host, "link", "set", IFACE, "down"], f"taking {host}'s link down")
     out = _run(["ip", "netns", "pids", host], f"listing the processes of {host}")
     kill({int(p) for p in out.stdout.split() if p.isdigit()} - {os.getpid()})
-    _run(["ip", "-n", host, "link", "set", IFACE, "down"], f"taking {host}'s link down")
 
 
 def revive(host: str) -> None:

@@ -33,11 +33,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
-from psrt.errors import PsrtError
+from psrt.errors import PsrtError, StorageError
 from psrt.launch.hostfile import Host, is_local, slots_of
 
 PROBE_TIMEOUT_S = 10.0
 USAGE_ERROR = 2                 # PsrtError.exit_code: the same command fails the same way
+STORAGE_ERROR = StorageError.exit_code               # StorageError.exit_code: a write refused (a full disk)
 STOPPED_BY_USER = {128 + s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
 
 
@@ -74,6 +75,9 @@ def worth_retrying(code: int) -> str | None:
         return "it succeeded"
     if code == USAGE_ERROR:
         return "exit 2 is a usage error, which a restart would repeat"
+    if code == STORAGE_ERROR:
+        return ("exit 4: a file could not be written (a full disk?), and a restart would fail at the "
+                "same write until there is room")
     if code in STOPPED_BY_USER:
         return f"stopped by a signal to the launcher (exit {code})"
     return None

@@ -20,7 +20,8 @@ import tempfile
 
 import torch
 
-from psrt.errors import PsrtError
+from psrt import faults
+from psrt.errors import PsrtError, StorageError
 
 FORMAT = "psrt-checkpoint-1"
 # Settings a checkpoint only makes sense with: resuming with another value is refused.
@@ -28,8 +29,10 @@ MUST_MATCH = ("model", "data", "width", "layers", "seq_len", "batch_size", "accu
               "ep", "experts")
 
 
-def atomic_save(obj, path: str) -> None:
-    """torch.save(obj) to `path` so that `path` holds either the old or the new file, whole."""
+def atomic_save(obj, path: str, midway=None) -> None:
+    """torch.save(obj) to `path` so that `path` holds either the old or the new file, whole.
+    `midway()`, if given, runs between the write of the temporary file and its rename (where
+    psrt.faults strikes a write half-way)."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
     try:
@@ -37,6 +40,8 @@ def atomic_save(obj, path: str) -> None:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
+        if midway is not None:
+            midway()
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -54,11 +59,11 @@ def atomic_save(obj, path: str) -> None:
         os.close(dir_fd)
 
 
-def _agree(ctl, error: str | None, root: int = 0) -> None:
-    """Raise the root's error on every rank (a collective: every rank calls it)."""
+def _agree(ctl, error: str | None, root: int = 0, kind=PsrtError) -> None:
+    """Raise the root's error, a `kind`, on every rank (a collective: every rank calls it)."""
     error = ctl.bcast(error, root=root)
     if error:
-        raise PsrtError(error, everywhere=True)
+        raise kind(error, everywhere=True)
 
 
 def save(path: str, ctl, strategy, step: int, steps_per_epoch: int, config: dict) -> None:
@@ -67,16 +72,19 @@ def save(path: str, ctl, strategy, step: int, steps_per_epoch: int, config: dict
             "worker_rank": strategy.worker_rank}
     states = ctl.gather(mine, root=0)
     error = None
+    if ctl.rank != 0:               # while rank 0 writes
+        faults.strike_if_asked("checkpoint", step)
     if ctl.rank == 0:
         epoch, batch = divmod(step, steps_per_epoch)
         payload = {"format": FORMAT, "step": step, "epoch": epoch, "batch_in_epoch": batch,
                    "world_size": ctl.size, "config": {k: config[k] for k in MUST_MATCH + ("dp",)},
                    "ranks": states}
         try:
-            atomic_save(payload, path)
+            atomic_save(payload, path, midway=lambda: faults.strike_if_asked("checkpoint", step))
         except OSError as err:
-            error = f"--checkpoint {path}: cannot write it ({err.strerror or err})"
-    _agree(ctl, error)
+            error = (f"--checkpoint {path}: cannot write it ({err.strerror or err}); "
+                     "the previous checkpoint there is kept")
+    _agree(ctl, error, kind=StorageError)
 
 
 def load(path: str, ctl, strategy, config: dict) -> int:

@@ -33,6 +33,7 @@ def train(run, events: Events) -> dict | None:
     events.emit("on_evaluate", run, run.model)
     mine: dict = {}
     events.emit("on_gather", run, mine)
+    faults.strike_if_asked("gather", run.total)
     everyone = run.ctl.gather(mine, root=run.lead)
     row = {} if run.is_lead else None
     events.emit("on_run_end", run, everyone, row)
@@ -44,6 +45,7 @@ def work(run, events: Events) -> None:
     while run.step < run.total:
         batches = run.microbatches()
         faults.kill_if_asked(run.step + 1)
+        faults.strike_if_asked("step", run.step + 1)
         try:
             with run.stepping():
                 stats = run.layout.step(batches)

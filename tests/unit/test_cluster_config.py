@@ -156,3 +156,15 @@ def test_the_agent_takes_ssh_options_and_their_values_before_the_host(tmp_path):
                                  'echo "$@"\n')
     lost = subprocess.run([str(C.AGENT), "node1", "true"], env=env, capture_output=True, text=True)
     assert lost.returncode == 255 and "No route to host" in lost.stderr and not lost.stdout
+
+
+def test_a_failed_host_is_unreachable_before_its_processes_die(monkeypatch):
+    """`fail` takes the link down before it kills: the kill ends the job at once, and the
+    restart's probe that follows must already find the host gone (a probe between the two
+    found it answering, and the restart tried it again)."""
+    done = []
+    monkeypatch.setattr(C, "_run", lambda argv, what, check=True: done.append(" ".join(argv)) or
+                        subprocess.CompletedProcess(argv, 0, stdout="4242\n", stderr=""))
+    monkeypatch.setattr(C, "kill", lambda pids: done.append(f"kill {sorted(pids)}"))
+    C.fail("node1")
+    assert done.index(f"ip -n node1 link set {C.IFACE} down") < done.index("kill [4242]"), done

@@ -31,6 +31,47 @@ def _req(np_=8, hosts=HOSTS, hostfile="hostfiles/two_nodes"):
 def test_what_is_retried():
     assert worth_retrying(0) and worth_retrying(2) and worth_retrying(130) and worth_retrying(143)
     assert worth_retrying(1) is None and worth_retrying(3) is None and worth_retrying(137) is None
+    assert "full disk" in worth_retrying(4) and "usage" not in worth_retrying(4)
+
+
+def test_a_full_disk_at_a_checkpoint_is_exit_4_naming_the_path_and_keeps_the_previous_one(tmp_path, monkeypatch):
+    """The error a full disk gives is a StorageError (exit 4, which the launcher names as such,
+    not as a usage error) naming the checkpoint, and the checkpoint written before stays."""
+    import errno
+
+    import torch
+
+    from psrt.errors import StorageError
+    from psrt.train import checkpoint
+
+    class Ctl:
+        rank, size = 0, 1
+
+        def gather(self, obj, root=0):
+            return [obj]
+
+        def bcast(self, obj, root=0):
+            return obj
+
+    class State:
+        worker_rank = 0
+
+        def state_dict(self):
+            return {"w": torch.ones(3)}
+    path = str(tmp_path / "ck.pt")
+    config = {k: 1 for k in checkpoint.MUST_MATCH + ("dp",)}
+    checkpoint.save(path, Ctl(), State(), 3, 10, config)
+
+    def full(f, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(checkpoint.torch, "save", full)
+    with pytest.raises(StorageError) as err:
+        checkpoint.save(path, Ctl(), State(), 6, 10, config)
+    assert err.value.exit_code == 4 and "\n" not in str(err.value)
+    assert str(err.value).startswith(f"--checkpoint {path}: cannot write it (No space left on device)")
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=True)["step"] == 3
+    assert not list(tmp_path.glob(".ck.pt.*.tmp"))
 
 
 def test_survivors_get_the_job_with_their_slots_and_the_hostfile_is_not_passed_on():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from psrt import faults
 from psrt.dp.device import to as to_device
 from psrt.train.events import Callback
 from psrt.train.models import loss_and_correct
@@ -34,6 +35,7 @@ class Evaluation(Callback):
         self.loss = self.accuracy = None
 
     def on_evaluate(self, run, model) -> None:
+        faults.strike_if_asked("evaluation", run.total)
         if run.is_lead:
             self.loss, self.accuracy = evaluate(model, run.dataset, loss=run.built.criterion)
 

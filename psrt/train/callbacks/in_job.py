@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 
+from psrt import faults
 from psrt.train import checkpoint
 from psrt.train.events import Callback
 from psrt.train.in_job import FULL_REPLICA, InJob
@@ -56,6 +57,7 @@ class InJobRecovery(Callback):
             run.built = run.build()
             step = in_job.reload(job.world, lambda: checkpoint.load(run.path("checkpoint"), job.ctl,
                                                                     run.layout.state, run.hparams))
+        faults.strike_if_asked("recovery", step)
         run.step = step
         in_job.commit(step, run.layout.state)
         in_job.started(run.label, run.is_lead)

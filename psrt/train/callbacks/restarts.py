@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from psrt import faults
 from psrt.train import checkpoint
 from psrt.train.events import Callback
 from psrt.train.recovery import Recovery
@@ -21,7 +22,9 @@ class Restarts(Callback):
         self.recovery = Recovery(path, run.cfg.checkpoint_every, run.total, run.is_lead)
         if not self.recovery.resume(run.cfg.resume, run.ctl):
             return None
-        return checkpoint.load(path, run.ctl, run.layout.state, run.hparams)
+        step = checkpoint.load(path, run.ctl, run.layout.state, run.hparams)
+        faults.strike_if_asked("recovery", step)
+        return step
 
     def on_run_start(self, run) -> None:
         self.recovery.started(run.start, run.dp)

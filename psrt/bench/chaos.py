@@ -179,28 +179,10 @@ def run_trial(trial: Trial, args, work: Path, runs: Runs) -> dict:
     try:
         ckpt = (disk.where if disk else folder) / "ckpt.pt"
         final, metrics = folder / "final.pt", folder / "metrics.jsonl"
-        faults = _faults(trial)
-        env["PSRT_FAULT"] = faults
-        launch = [sys.executable, str(ROOT / "mpi_launch"), "--restarts", "2", "-np", "2"]
-        hosts = []
-        if trial.mode == "in-job":
-            # Open MPI 5 from PyPI (ULFM), built once by scripts/with_mpi.sh; 3 ranks, so that
-            # the survivors are a group of two
-            launch = ["bash", str(ROOT / "scripts" / "with_mpi.sh"), "openmpi5", "--", "python",
-                      str(ROOT / "mpi_launch"), "--in-job-recovery", "-np", "3"]
-            row["layout"] = "3 ranks"
-        elif trial.kind in ("host-loss", "link-cut"):
-            hosts, subnet = _hosts(trial, folder)
-            launch += ["--emulate", "--hostfile", str(folder / "hosts"), "--subnet", subnet]
-            row["layout"] = "2 hosts x 1"
-        elif trial.strategy == "pp2":
-            row["layout"] = "pp2 x dp1"
-        # under with_mpi.sh `python` is its environment's, whose mpi4py is built for Open MPI 5
-        # (this interpreter's is Open MPI 4's: its error classes are not ULFM's)
-        python = "python" if trial.mode == "in-job" else sys.executable
-        argv = launch + [python] + train_args(trial.strategy, args.steps, args.batch_size, args.width) + [
-            "--checkpoint", str(ckpt), "--checkpoint-every", str(args.every), "--save", str(final),
-            "--metrics", str(metrics)]
+        env["PSRT_FAULT"] = _faults(trial)
+        argv, hosts = _command(trial, args, folder, row)
+        argv += ["--checkpoint", str(ckpt), "--checkpoint-every", str(args.every), "--save", str(final),
+                 "--metrics", str(metrics)]
         log_path = folder / "run.log"
         started = time.monotonic()
         with open(log_path, "w") as log:
@@ -225,28 +207,58 @@ def run_trial(trial: Trial, args, work: Path, runs: Runs) -> dict:
             return row
         if trial.kind == "enospc":
             return _judge_full_disk(trial, row, code, text, ckpt, argv, env, final, args, folder, runs)
-        step = checkpoint_step(ckpt)
-        row["checkpoint"] = "loads" if step == args.steps else f"step {step}" if step is not None else "UNREADABLE"
-        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] \
-            if metrics.exists() else []
-        backs = [r for r in rows if "restart" in r or "in_job_recovery" in r]
-        row["steps_redone"] = str(sum(r.get("steps_lost", 0) for r in backs))
-        if backs:
-            row["recovery_s"] = f"{backs[-1]['unix_time'] - max(times):.1f}"
-        if trial.mode == "in-job" and not backs:
-            row["why"] = f"exit {code} without an in-job recovery"
-            return row
-        if code != 0 or not final.exists():
-            said = [line for line in text.splitlines() if "error:" in line]
-            row["why"] = f"exit {code}" + (f": {said[-1].strip()}" if said else "")
-            return row
-        diff = max_diff(final, reference(trial.strategy, args, work, _env(args.timeout, work / "logs")))
-        row["max_diff"] = f"{diff:.1e}"
-        row["recovered"] = "yes" if diff <= args.tol and step == args.steps else "no"
-        return row
+        return _judge(trial, row, code, text, max(times), ckpt, final, metrics, args, work)
     finally:
         if disk:
             disk.close()
+
+
+def _command(trial: Trial, args, folder: Path, row: dict) -> tuple[list[str], list]:
+    """The trial's launch (restarts under mpirun, on emulated hosts, or in-job under Open MPI 5)
+    and the emulated hosts it runs on, if any; notes its layout in the row."""
+    launch = [sys.executable, str(ROOT / "mpi_launch"), "--restarts", "2", "-np", "2"]
+    hosts = []
+    if trial.mode == "in-job":
+        # Open MPI 5 from PyPI (ULFM), built once by scripts/with_mpi.sh; 3 ranks, so that
+        # the survivors are a group of two
+        launch = ["bash", str(ROOT / "scripts" / "with_mpi.sh"), "openmpi5", "--", "python",
+                  str(ROOT / "mpi_launch"), "--in-job-recovery", "-np", "3"]
+        row["layout"] = "3 ranks"
+    elif trial.kind in ("host-loss", "link-cut"):
+        hosts, subnet = _hosts(trial, folder)
+        launch += ["--emulate", "--hostfile", str(folder / "hosts"), "--subnet", subnet]
+        row["layout"] = "2 hosts x 1"
+    elif trial.strategy == "pp2":
+        row["layout"] = "pp2 x dp1"
+    # under with_mpi.sh `python` is its environment's, whose mpi4py is built for Open MPI 5
+    # (this interpreter's is Open MPI 4's: its error classes are not ULFM's)
+    python = "python" if trial.mode == "in-job" else sys.executable
+    return launch + [python] + train_args(trial.strategy, args.steps, args.batch_size, args.width), hosts
+
+
+def _judge(trial: Trial, row: dict, code: int, text: str, struck_at: float, ckpt: Path, final: Path,
+           metrics: Path, args, work: Path) -> dict:
+    """A run that ended after its fault: its checkpoint, what it redid, and its parameters
+    against the uninterrupted run's."""
+    step = checkpoint_step(ckpt)
+    row["checkpoint"] = "loads" if step == args.steps else f"step {step}" if step is not None else "UNREADABLE"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] \
+        if metrics.exists() else []
+    backs = [r for r in rows if "restart" in r or "in_job_recovery" in r]
+    row["steps_redone"] = str(sum(r.get("steps_lost", 0) for r in backs))
+    if backs:
+        row["recovery_s"] = f"{backs[-1]['unix_time'] - struck_at:.1f}"
+    if trial.mode == "in-job" and not backs:
+        row["why"] = f"exit {code} without an in-job recovery"
+        return row
+    if code != 0 or not final.exists():
+        said = [line for line in text.splitlines() if "error:" in line]
+        row["why"] = f"exit {code}" + (f": {said[-1].strip()}" if said else "")
+        return row
+    diff = max_diff(final, reference(trial.strategy, args, work, _env(args.timeout, work / "logs")))
+    row["max_diff"] = f"{diff:.1e}"
+    row["recovered"] = "yes" if diff <= args.tol and step == args.steps else "no"
+    return row
 
 
 def _faults(trial: Trial) -> str:

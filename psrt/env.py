@@ -3,7 +3,8 @@
 Library code reads a setting through the accessor below (`timeout_s()`, `check_mode()`, ...),
 never through os.environ, so a bad value is refused with the same one-line message wherever
 it is first used; `check_all()` (called by psrt.init) refuses it at start-up instead.  The
-README's table of variables is `markdown_table()` (a test keeps the two equal).
+documentation's table of variables (docs/reference/env.md) is `markdown_table()` (a test keeps
+the two equal).
 
 Only this module and the launcher (which forwards PSRT_* to every rank as they are) look at
 these names.
@@ -162,7 +163,7 @@ VARIABLES = {v.name: v for v in (
     Variable("PSRT_IN_JOB_RECOVERY", _flag, "0 or 1", False,
              "set by `mpi_launch --in-job-recovery` for its ranks: `psrt.train` survives a lost rank "
              "inside the job (MPI's ULFM: the survivors shrink their communicators and go on from "
-             "the last step they all finished; see docs/reliability.md)"),
+             "the last step they all finished; see docs/how-to/reliability.md)"),
     Variable("PSRT_KILL_AT", _ranks_step, "RANK[,RANK...]:STEP, e.g. 2:31", None,
              "fault injection: each rank the launcher numbered RANK ends itself with SIGKILL before "
              "`psrt.train`'s step STEP (1-based), as a crash would, in the first start only (not again in a "
@@ -280,6 +281,6 @@ def faults() -> tuple[tuple, ...]:
 
 
 def markdown_table() -> str:
-    """The README's table of variables."""
+    """The table of variables of docs/reference/env.md (scripts/gen_reference.py writes it)."""
     rows = [f"| `{v.name}` | {v.meaning} |" for v in VARIABLES.values()]
     return "\n".join(["| variable | meaning |", "|---|---|"] + rows) + "\n"

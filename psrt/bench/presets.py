@@ -32,7 +32,7 @@ PRESETS = {
         "per_node": 4, "intra_gbit_s": 32.0, "intra_alpha_us": 2.0, "inter_gbit_s": 1.0, "inter_alpha_us": 50.0,
         "source": "psrt's emulated cluster: netem-shaped 1 Gbit/s veth links (psrt/launch/cluster.py); inside a "
                   "host, shared memory at about 4 GB/s and alpha 2 us, the figures psrt.collectives.cost.DEFAULT_LINKS "
-                  "assumes (docs/benchmarks.md measures them)"},
+                  "assumes (docs/explanation/benchmarks.md measures them)"},
     "dgx-a100": {
         "per_node": 8, "intra_gbit_s": 2400.0, "intra_alpha_us": 3.0, "inter_gbit_s": 1600.0, "inter_alpha_us": 5.0,
         "source": "NVIDIA DGX A100 datasheet (2020): 8 A100 GPUs on NVSwitch, 600 GB/s NVLink per GPU (300 GB/s "

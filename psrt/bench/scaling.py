@@ -10,7 +10,7 @@ of W workers is W x the one-worker step over the W-worker step.  The profile is 
 multiplied by D = B_real / (K x B_emulated), so that the 1 Gbit/s emulated link keeps the
 ratio of compute to communication of a cluster whose links carry B_real; every time in the
 table is the emulated one, and the stands-for line says which cluster the rows stand for
-(latency is not dilated: docs/scaling.md).
+(latency is not dilated: docs/explanation/scaling.md).
 
 Per cell: the step (median over the steps after the first), speed-up, efficiency, what
 bound it (cpu where the ranks waited for cores: psrt/train/cpu_load.py, never a network

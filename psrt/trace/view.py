@@ -14,8 +14,14 @@ COLOURS = {"step": "black", "compute": "tab:blue", "comm": "tab:orange", "wait":
 
 
 def load(path: str) -> list[dict]:
+    given = Path(path)
+    # `--trace FILE` with several --dp strategies writes FILE.<dp>.json, one per strategy
+    siblings = sorted(given.parent.glob(f"{given.stem}.*{given.suffix}")) if not given.exists() else []
+    if siblings:
+        raise PsrtError(f"{path}: no such file; a run with several --dp strategies wrote one per strategy: "
+                        f"{', '.join(str(s) for s in siblings)}")
     try:
-        trace = json.loads(Path(path).read_text())
+        trace = json.loads(given.read_text())
     except (OSError, ValueError) as err:
         raise PsrtError(f"{path}: not a readable trace ({err})") from None
     events = trace.get("traceEvents") if isinstance(trace, dict) else None
@@ -34,6 +40,21 @@ def totals(events: list[dict]) -> list[dict]:
             row["count"] += 1
             row["ms"] += e["dur"] / 1e3
     return [out[k] for k in sorted(out)]
+
+
+def side_by_side(runs: dict[str, list[dict]]) -> list[dict]:
+    """The events of several runs (one trace per strategy, each with its own clock from 0 and
+    the same rank numbers) as one trace in which each run has rows of its own, named
+    "<run> rank N": drawn together otherwise, their spans would fall on the same rows."""
+    out = []
+    for i, (label, events) in enumerate(runs.items()):
+        offset = i * (1 + max((e.get("pid", 0) for e in events), default=0) + 1000)
+        for e in events:
+            e = dict(e, pid=e.get("pid", 0) + offset)
+            if e.get("ph") == "M" and e.get("name") == "process_name":
+                e["args"] = dict(e["args"], name=f"{label} {e['args']['name']}")
+            out.append(e)
+    return out
 
 
 def draw(events: list[dict], out: str) -> None:

@@ -76,7 +76,7 @@ class TrainConfig:
                   "the data-parallel ranks", "strategy", metavar="N")
     # --- model and data
     model: str = opt("mlp", "model to train: " + ", ".join(MODELS) + ", or your own as module:callable "
-                     "returning an nn.Module (see docs/training.md)", "model", metavar="NAME")
+                     "returning an nn.Module (see docs/how-to/training.md)", "model", metavar="NAME")
     data: str | None = opt(None, "data set: " + ", ".join(DATASETS) + ", or your own as module:callable "
                            "(default: digits, or text for --model transformer)", "model", metavar="NAME")
     width: int = opt(0, "hidden units (mlp), 8 x channels (cnn) or model dimension (transformer); "
@@ -87,7 +87,7 @@ class TrainConfig:
     profile: str | None = opt(None, "emulate an accelerator's compute from a model profile (a shipped "
                               "name: resnet50, vgg16, gpt2-small, bert-base; or a .json file): its real parameters, "
                               "timed waits instead of arithmetic, each gradient when its backward would produce "
-                              "it (see docs/scaling.md)", "model", metavar="NAME|FILE")
+                              "it (see docs/explanation/scaling.md)", "model", metavar="NAME|FILE")
     time_dilation: float = opt(1.0, "with --profile: multiply every compute time by D, so that a slow "
                                "emulated link keeps a faster real cluster's ratio of compute to communication "
                                "(D = real link rate / (K x emulated link rate); latency is not dilated)", "model",
@@ -134,14 +134,15 @@ class TrainConfig:
     checkpoint: str | None = opt(None, "checkpoint file (written atomically)", "output", metavar="FILE")
     checkpoint_every: int = opt(0, "write --checkpoint every K steps (0: only at the end)", "output", metavar="K")
     resume: bool = opt(False, "continue from --checkpoint", "output")
-    quiet: bool = opt(False, "no progress output, only the summary", "output")
+    quiet: bool = opt(False, "no progress output and no column legend: the summary table and the notes "
+                             "under it (the memory ledger; with several --dp, the alpha-beta model's view)", "output")
     tensorboard: str | None = opt(None, "write a TensorBoard log here, a run directory per strategy (DIR/<dp>): "
                                   "loss, throughput, compute and communication time, bytes per axis, loss "
                                   "scale per step, and the hyper-parameters (needs the tensorboard package)",
                                   "output", metavar="DIR")
     callback: str | None = opt(None, "your own components of the training loop, as module:Class (a comma "
                                "list for several): subclasses of psrt.train.events.Callback, made with no "
-                               "arguments on every rank (see docs/training.md)", "output", metavar="MOD:CLASS")
+                               "arguments on every rank (see docs/how-to/training.md)", "output", metavar="MOD:CLASS")
 
     def __post_init__(self):
         self.dp_list = [d.strip() for d in self.dp.split(",")]

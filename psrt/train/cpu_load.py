@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 
 # A rank that waited for a core for more than a fifth of the time was slowed by the CPU by
-# about as much: beyond the measurement noise of a link-bound step (docs/scaling.md).
+# about as much: beyond the measurement noise of a link-bound step (docs/explanation/scaling.md).
 RUN_QUEUE_BOUND = 0.2
 
 

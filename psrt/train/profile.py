@@ -11,7 +11,7 @@ Times scale linearly with the micro-batch (the regime where an accelerator is bu
 small batches real kernels do not shrink as much, which a profile recorded at the batch one
 trains with avoids).  Time dilation (`dilated`) multiplies every time and divides every
 tensor's size, so that a slow emulated link keeps the real cluster's ratio of compute to
-communication (docs/scaling.md).
+communication (docs/explanation/scaling.md).
 
 This module needs no torch and no MPI: the format, its checks and its arithmetic are tested
 on their own (tests/unit/test_profile.py).  The shipped profiles live in profiles/*.json,
@@ -100,7 +100,7 @@ class Profile:
         `byte_divisor` (a tensor of n elements becomes one of ceil(n / divisor), flat).
         With an emulated link of B_e bytes/s standing for a real one of B_r, a divisor k and
         a time factor k x B_r / B_e keep each step's ratio of compute to bandwidth time that
-        of the real cluster; latency is not dilated (docs/scaling.md)."""
+        of the real cluster; latency is not dilated (docs/explanation/scaling.md)."""
         if not (time_factor > 0 and math.isfinite(time_factor)):
             raise PsrtError(f"time dilation {time_factor}: must be a positive finite number", everywhere=True)
         if not (byte_divisor >= 1 and math.isfinite(byte_divisor)):

@@ -1,4 +1,4 @@
-"""The docs are tested: every command block of README.md, docs/*.md and hostfiles/README.md
+"""The docs are tested: every command block of README.md, docs/**/*.md and hostfiles/README.md
 runs as a new user types it, from the checkout, or says in the doc source why it is not run.
 
 Fenced blocks carry a label:
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import pytest
 from conftest import ROOT
 
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "hostfiles" / "README.md"]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT / "hostfiles" / "README.md"]
 FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[^\n`]*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S)
 MARK = re.compile(r"<!-- docs: not run: (?P<why>.+?) -->")
 LABELS = ("sh", "console", "text", "python")
@@ -110,13 +110,22 @@ def _drop(words: list[str], flag: str) -> list[str]:
     return words
 
 
+SMALL_STEPS = 10     # a --steps a page shows that is run as shown
+
+
 def fast(command: str) -> str:
     """The command with flags that make a long run short; the same command otherwise."""
     words = shlex.split(command, comments=True)
     text = " ".join(words)
     if "psrt.train" in text or re.search(r"examples/(ps_vs_ring|horovod_vs_ring|pipeline|hybrid|"
                                          r"tensor_parallel|ddp_overlap)\.py", text):
-        words = _drop(_set(words, "--steps", "2"), "--epochs")
+        # a page's own small step count is kept: a resume must go on past its checkpoint's step
+        small = "--steps" in words and words[words.index("--steps") + 1].isdigit() \
+            and int(words[words.index("--steps") + 1]) <= SMALL_STEPS
+        words = _drop(words if small else _set(words, "--steps", "2"), "--epochs")
+        # --quiet only leaves lines out (tests/mpi/test_train_cli.py checks it): a command shown
+        # with and without it is run once
+        words = [w for w in words if w != "--quiet"]
     elif "psrt.bench collectives" in text:
         words = _set(_set(_set(_drop(words, "--sizes"), "--max-size", "64KiB"), "--repeats", "1"), "--warmup", "0")
     elif "psrt.bench training" in text:
@@ -137,6 +146,8 @@ def fast(command: str) -> str:
 def test_fast_flags():
     assert fast("./mpi_launch -np 4 python -m psrt.train --dp ps,ring   # both") == \
         "./mpi_launch -np 4 python -m psrt.train --dp ps,ring --steps 2"
+    assert fast("./mpi_launch -np 4 python -m psrt.train --dp ps,ring --quiet") == \
+        "./mpi_launch -np 4 python -m psrt.train --dp ps,ring --steps 2"
     assert fast("./mpi_launch -np 2 python -m psrt.bench collectives --sizes 4,1MiB --repeats 7") == \
         "./mpi_launch -np 2 python -m psrt.bench collectives --repeats 1 --max-size 64KiB --warmup 0"
     assert fast("OMPI_MCA_x=1 horovodrun -np 4 python examples/horovod_vs_ring.py --steps 200") == \
@@ -144,6 +155,32 @@ def test_fast_flags():
     assert fast("torchrun --nproc-per-node 2 examples/torch_ddp.py") == \
         "torchrun --nproc-per-node 2 examples/torch_ddp.py --epochs 1"
     assert fast("./mpi_launch --dry-run -np 8 python -m psrt.info") == "./mpi_launch --dry-run -np 8 python -m psrt.info"
+    assert fast("./mpi_launch -np 4 python -m psrt.train --steps 8 --resume") == \
+        "./mpi_launch -np 4 python -m psrt.train --steps 8 --resume"
+
+
+def _steps(line: str) -> int | None:
+    words = shlex.split(line, comments=True)
+    return int(words[words.index("--steps") + 1]) if "--steps" in words else None
+
+
+def test_a_resume_goes_on_past_its_checkpoint():
+    """`--resume` trains up to --steps in all: shown after the run that wrote its checkpoint,
+    it must ask for more steps than that run, or it resumes at the end and trains nothing."""
+    wrong = []
+    for block in RUN:
+        written: dict[str, int | None] = {}
+        for cmd in block.commands():
+            words = shlex.split(cmd.line, comments=True)
+            if "--checkpoint" not in words:
+                continue
+            path = words[words.index("--checkpoint") + 1]
+            if "--resume" in words and path in written:
+                before, now = written[path], _steps(cmd.line)
+                if before is None or now is None or now <= before:
+                    wrong.append(f"{block.where}: {cmd.line}")
+            written[path] = _steps(cmd.line)
+    assert not wrong, f"these resumes train nothing past their checkpoint: {wrong}"
 
 
 # ------------------------------------------------------------------ running them

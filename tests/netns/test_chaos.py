@@ -41,7 +41,7 @@ def test_a_seeded_campaign_of_every_fault_kind_ends_right_every_time(tmp_path):
                           "--json", str(tmp_path / "rows.json")],
                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=1200,
                          stdin=subprocess.DEVNULL)
-    print(out.stdout)        # the table docs/reliability.md shows (pytest -s)
+    print(out.stdout)        # the table docs/how-to/reliability.md shows (pytest -s)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert {r["kind"] for r in rows} == set(KINDS) and {r["moment"] for r in rows} == set(MOMENTS)

@@ -1,4 +1,4 @@
-"""psrt.env: every PSRT_* variable is read, parsed and refused in one place, and the README's
+"""psrt.env: every PSRT_* variable is read, parsed and refused in one place, and the reference's
 table of variables is the one env.py generates."""
 import re
 from pathlib import Path
@@ -56,8 +56,8 @@ def test_accessors_read_the_process_environment(monkeypatch):
     assert env.timeout_s() == 7.0 and env.ring_segment_bytes() == 1024
 
 
-def test_readme_lists_exactly_these_variables():
-    assert env.markdown_table() in (ROOT / "README.md").read_text()
+def test_the_reference_lists_exactly_these_variables():
+    assert env.markdown_table() in (ROOT / "docs" / "reference" / "env.md").read_text()
 
 
 def test_no_module_but_env_reads_a_psrt_variable():

@@ -36,9 +36,6 @@ PYTHON = sys.executable     # the interpreter itself, for a rank that must start
 
 
 def pytest_configure(config):
-    # Ranks of many jobs share a few cores: one thread each unless a test says otherwise (also
-    # what lets the warm server, which read it once at its start, stand in for their python).
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     if not config.getoption("--cold"):
         from forkserver import ForkServer
         server = ForkServer(ROOT)

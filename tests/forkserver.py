@@ -28,7 +28,6 @@ signal ranks from outside by pid (SIGSTOP, say) start cold: `launch_ranks(..., w
 from __future__ import annotations
 
 import array
-import atexit
 import gc
 import json
 import os
@@ -58,8 +57,9 @@ def _preload() -> None:
     import torch.optim  # noqa: F401
     import mpi4py  # noqa: F401  (the package only: mpi4py.MPI would start MPI here)
     # What is imported now stays shared with every child as long as nobody writes to it: keep
-    # the collector from walking (and so touching) it in the children (the gc module's advice
-    # for a process that forks workers: gc.freeze()).
+    # the collector from walking (and so touching) it in the children, at their exit too, which
+    # otherwise copied most of the server's pages into each (seconds a rank; the gc module's
+    # advice for a process that forks workers: gc.freeze()).
     gc.freeze()
 
 
@@ -135,9 +135,9 @@ def serve(path: str) -> tuple[socket.socket, dict] | None:
 
 
 # What this server loaded at its start that a rank's environment could have asked otherwise: the
-# dynamic loader reads its variables once, libgomp its thread count, mpi4py its MPI library.
-FIXED_AT_START = ("LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONHOME", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-                  "OPENBLAS_NUM_THREADS")
+# dynamic loader reads its variables once, the BLAS libraries their thread counts, mpi4py its MPI
+# library.  (OMP_NUM_THREADS, which most ranks set, torch.set_num_threads applies in the child.)
+FIXED_AT_START = ("LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONHOME", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 def _cold_reason(request: dict) -> str | None:
@@ -146,6 +146,9 @@ def _cold_reason(request: dict) -> str | None:
     for name in FIXED_AT_START:
         if env.get(name) != os.environ.get(name):
             return name
+    threads = env.get("OMP_NUM_THREADS")
+    if threads != os.environ.get("OMP_NUM_THREADS") and not (threads or "").isdigit():
+        return "OMP_NUM_THREADS"    # unset where the server had it, or not a count
     if any(k.startswith("MPI4PY_") for k in env):
         return "MPI4PY_*"
     if "SLURM_STEP_ID" in env:      # slurmstepd tracks a step's processes itself
@@ -179,8 +182,13 @@ def _take_over(fds: list[int], request: dict) -> None:
         os.close(fd)
     os.chdir(request["cwd"])
     sys.executable = request["executable"]      # what started it: python again, for its own children
+    request["server_threads"] = os.environ.get("OMP_NUM_THREADS")
     os.environ.clear()
     os.environ.update(request["env"])
+    threads = os.environ.get("OMP_NUM_THREADS")
+    if threads and threads != request["server_threads"]:
+        import torch
+        torch.set_num_threads(int(threads))     # what libgomp would have read at the start
     if os.environ.get("PYTHONUNBUFFERED"):
         for name in ("stdout", "stderr"):
             getattr(sys, name).reconfigure(write_through=True, line_buffering=True)
@@ -201,42 +209,10 @@ def _die_with_stub(conn: socket.socket) -> None:
 
 
 def run(conn: socket.socket, request: dict) -> None:
-    """Run ARGS, then end as the interpreter would, minus freeing every object: that would
-    write to each page the fork still shares with the server (copy-on-write: seconds a rank)."""
+    """Run ARGS; what it raises ends this process as it would end `python ARGS` (the
+    interpreter's own shutdown: threads, atexit, mpi4py's MPI_Finalize)."""
     threading.Thread(target=_die_with_stub, args=(conn,), daemon=True).start()
-    try:
-        _run_args(request["argv"])
-        code = 0
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-        if not isinstance(stop.code, (int, type(None))):
-            print(stop.code, file=sys.stderr)
-    except KeyboardInterrupt:
-        sys.excepthook(*sys.exc_info())
-        code = -signal.SIGINT
-    except BaseException:
-        sys.excepthook(*sys.exc_info())
-        code = 1
-    threading._shutdown()             # what Py_Finalize does first: wait for the threads,
-    atexit._run_exitfuncs()           # then the atexit functions,
-    _finalize_mpi()                   # then the C ones (mpi4py's MPI_Finalize)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    if code < 0:                      # Python ends a KeyboardInterrupt by its signal
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-    os._exit(code & 0xFF)
-
-
-def _finalize_mpi() -> None:
-    """mpi4py finalizes MPI from a C exit hook (Py_AtExit) that os._exit skips: do what it does."""
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and sys.modules["mpi4py"].rc.finalize is not False \
-            and mpi.Is_initialized() and not mpi.Is_finalized():
-        mpi.Finalize()
+    _run_args(request["argv"])
 
 
 def _run_args(argv: list[str]) -> None:

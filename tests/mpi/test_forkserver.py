@@ -82,7 +82,7 @@ def test_a_killed_stub_takes_its_process_with_it(script, tmp_path):
     pytest.fail(f"process {forked} outlived its stub")
 
 
-@pytest.mark.parametrize("how", ["flags", "library path", "threads"])
+@pytest.mark.parametrize("how", ["flags", "library path", "blas threads"])
 def test_what_a_fork_cannot_be_starts_cold(script, how):
     warm_session()
     path = script(WARM)
@@ -92,9 +92,17 @@ def test_what_a_fork_cannot_be_starts_cold(script, how):
     elif how == "library path":
         env["LD_LIBRARY_PATH"] = "/nonexistent"
     else:
-        env["OMP_NUM_THREADS"] = "2"
+        env["OPENBLAS_NUM_THREADS"] = "1"
     out = python(*args, env=env)
     assert out.returncode == 0 and out.stdout.strip() == "cold", out.stderr
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_omp_num_threads_is_what_torch_uses(script, threads):
+    warm_session()
+    out = python(script(WARM + "\nimport torch; print(torch.get_num_threads())"),
+                 env=dict(os.environ, OMP_NUM_THREADS=threads))
+    assert out.returncode == 0 and out.stdout.split() == ["warm", threads], out.stderr
 
 
 @pytest.mark.mpi

@@ -238,7 +238,8 @@ class ForkServer:
     """One server per test session, started at the first warm launch."""
 
     def __init__(self, root: Path):
-        self.dir = tempfile.mkdtemp(prefix="psrt-ranks-")
+        # not under /tmp: an emulated Slurm host mounts a /tmp of its own over it
+        self.dir = tempfile.mkdtemp(prefix="psrt-ranks-", dir="/var/tmp" if os.path.isdir("/var/tmp") else None)
         self.path = os.path.join(self.dir, "server.sock")
         env = dict(os.environ, PYTHONPATH=str(root))
         # It imports while the session collects the tests (wait_ready).

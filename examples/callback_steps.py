@@ -8,7 +8,7 @@ them to a file, from `python -m psrt.train` or from your own psrt.data_parallel 
     ./mpi_launch -np 2 python examples/callback_steps.py --steps 20 --tensorboard out/tb
 
 A component subclasses psrt.train.events.Callback and overrides the events it needs
-(docs/training.md, "Components"); every rank hears every event, so one that writes checks
+(docs/how-to/training.md, "Components"); every rank hears every event, so one that writes checks
 `run.is_lead`.  The file (STEP_COUNT_FILE, default steps.json) gets one line per strategy.
 """
 import argparse

@@ -1,6 +1,6 @@
 #!/bin/bash
 # A Slurm batch job that outlives a lost node: psrt.train on 2 nodes x 4 tasks, started again
-# on the nodes left after a failure, from its last checkpoint (docs/reliability.md).
+# on the nodes left after a failure, from its last checkpoint (docs/how-to/reliability.md).
 #
 #   sbatch examples/slurm_restart_job.sh --dp zero1 --steps 1000      # from the checkout
 #

@@ -140,7 +140,7 @@ VARIABLES = {v.name: v for v in (
     Variable("PSRT_IN_JOB_RECOVERY", _flag, "0 or 1", False,
              "set by `mpi_launch --in-job-recovery` for its ranks: `psrt.train` survives a lost rank "
              "inside the job (MPI's ULFM: the survivors shrink their communicators and go on from "
-             "the last step they all finished; see docs/reliability.md)"),
+             "the last step they all finished; see docs/how-to/reliability.md)"),
     Variable("PSRT_KILL_AT", _ranks_step, "RANK[,RANK...]:STEP, e.g. 2:31", None,
              "fault injection: each rank the launcher numbered RANK ends itself with SIGKILL before "
              "`psrt.train`'s step STEP (1-based), as a crash would, in the first start only (not again in a "

@@ -122,7 +122,7 @@ def yield_before_mpi_starts(environ=os.environ) -> str | None:
 
     A rank busy-polling for a message takes the core from the rank it waits for, and on an
     emulated cluster from the kernel's network work too (an Open MPI ping-pong across a veth
-    took 4.8 ms one way busy-polling, 14 us yielding; docs/launching.md).  Open MPI reads
+    took 4.8 ms one way busy-polling, 14 us yielding; docs/how-to/launching.md).  Open MPI reads
     mpi_yield_when_idle from this process's environment at MPI_Init, so it is set here, the
     same under mpirun, horovodrun and srun, by the rule the launchers follow
     (psrt.env.yield_when_idle):

@@ -10,7 +10,7 @@ reported as crashed or hung, and a new job goes on with the tests after it; so d
 test that failed (the ranks end their job then: the failure may have broken the group).  Tests
 that break their group by design (a barrier that must time out) run in jobs of their own.  Prints one line
 per test, `np=N STATUS test [reason]`, and a summary line per world size; a skip carries the
-suite's reason or psrt's (docs/torch_backend.md).  Exit status 1 when a test failed, crashed
+suite's reason or psrt's (docs/how-to/torch_backend.md).  Exit status 1 when a test failed, crashed
 or hung.
 """
 from __future__ import annotations

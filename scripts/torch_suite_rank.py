@@ -35,7 +35,7 @@ from datetime import timedelta
 
 SUITE_BACKEND = "gloo"   # whose test selection applies
 
-# Tests psrt does not run, and why (docs/torch_backend.md, "PyTorch's distributed test suite").
+# Tests psrt does not run, and why (docs/how-to/torch_backend.md, "PyTorch's distributed test suite").
 _MONITORED = ("torch.distributed.monitored_barrier runs only on a group whose backend is gloo "
               "(distributed_c10d.py raises ValueError for any other backend by name)")
 PSRT_SKIPS: dict[str, str] = {

@@ -14,7 +14,7 @@
 #
 # COMMAND then runs with the environment's bin/ first on PATH (so `python`, `mpirun`,
 # `mpiexec` are that MPI's) and this checkout first on PYTHONPATH.  The launcher flags are
-# left to the command: see docs/mpi_support.md for what each MPI needs.
+# left to the command: see docs/how-to/mpi_support.md for what each MPI needs.
 #
 # Environment:
 #   PSRT_MPI_CACHE   where the environments live (default: ~/.cache/psrt), one per MPI:

@@ -16,7 +16,7 @@ from rank 0's parameters (each strategy broadcasts them) and buffers (the driver
 
 Server ranks run the same loop: `shard()` gives them nothing to iterate, `step()` on a
 server serves one update instead of computing one, and `finish()` serves until every worker
-has finished.  See docs/training.md, "Your own loop".
+has finished.  See docs/how-to/training.md, "Your own loop".
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Every step each worker pushes its flattened gradient to the server; the server s
 workers' gradients in rank order, averages them, runs the optimizer and sends the new
 parameters back to every worker.  Built from MPI point-to-point on purpose, so the server's
 link really carries (N-1) x M in and (N-1) x M out per step, the cost that sharding
-(ps_sharded.py) and the ring all-reduce remove (Li et al., OSDI 2014; docs/parameter_server.md).
+(ps_sharded.py) and the ring all-reduce remove (Li et al., OSDI 2014; docs/explanation/parameter_server.md).
 
 Options: see PSOptions.
 

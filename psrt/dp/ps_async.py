@@ -9,7 +9,7 @@ every worker still training has pushed it; a worker's pull is answered when the 
 lets it go on.  So s = 0 is exactly `--dp ps --servers 1` (bitwise), and s > 0 lets fast
 workers run up to s clocks ahead on parameters that miss at most the last s clocks.
 
-Consistency (docs/parameter_server.md): a worker computing clock t sees every update of clocks
+Consistency (docs/explanation/parameter_server.md): a worker computing clock t sees every update of clocks
 < t - s, and never part of a clock; it does not see its own gradients of clocks that are still
 incomplete (Ho et al.'s read-my-writes is traded for an update that is one optimizer step per
 clock, which is what makes s = 0 equal to synchronous training for any optimizer).

@@ -3,7 +3,7 @@
 Everything here is local (no collective calls): the flat view of a model's parameters, the
 message buffers, the partition of the flat vector into server shards, the server-side
 optimizer holders and a bounded wait.  The protocols themselves live in ps.py (synchronous,
-plain and sharded) and ps_async.py (stale-synchronous); docs/parameter_server.md draws them.
+plain and sharded) and ps_async.py (stale-synchronous); docs/explanation/parameter_server.md draws them.
 
 Message format: one contiguous byte buffer holding the payload (gradient or parameter slice,
 in the parameters' dtype) followed by a small float64 header (step / clock numbers, exact up

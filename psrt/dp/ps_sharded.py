@@ -4,7 +4,7 @@ The flat parameter vector is cut into S size-balanced contiguous ranges (Li et a
 Distributed Machine Learning with the Parameter Server", OSDI 2014, sec. 4.3); server s keeps
 range s and the optimizer state of that range only.  Each step every worker pushes slice s of
 its gradient to server s and pulls slice s of the parameters back, so a server moves
-~2 (N-1) M / S per step instead of 2 (N-1) M (docs/parameter_server.md).  The protocol is
+~2 (N-1) M / S per step instead of 2 (N-1) M (docs/explanation/parameter_server.md).  The protocol is
 ps.py's synchronous engine run once per shard: each server averages its slice in worker-rank
 order, so the parameters match `--dp ps` to rounding and the single-process run to tolerance.
 

@@ -1,4 +1,4 @@
-"""mpi_launch: start a command on N MPI ranks (mpirun, mpiexec or srun).  See docs/launching.md.
+"""mpi_launch: start a command on N MPI ranks (mpirun, mpiexec or srun).  See docs/how-to/launching.md.
 
     ./mpi_launch -np 4 python -m psrt.info
     python -m psrt.launch --dry-run --hostfile hostfiles/two_nodes -np 8 python -m psrt.info

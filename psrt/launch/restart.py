@@ -10,7 +10,7 @@ learn of it from the environment (PSRT_RESTART_COUNT, like torchrun's
 TORCHELASTIC_RESTART_COUNT; PSRT_FAILED_AT, the time the failure was seen), and
 `python -m psrt.train` then continues from its last complete checkpoint: the data-parallel
 strategies compute the same training at any number of workers for a fixed global batch, and
-sharded state reshards on load (see docs/fault_tolerance.md).
+sharded state reshards on load (see docs/how-to/reliability.md).
 
 The policy here is the launchers' own: each passes `run_restarting` its probe (here `answers`,
 ssh as mpirun reaches a host; the emulated cluster's agent; under srun a one-task step on a

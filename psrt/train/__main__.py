@@ -6,7 +6,7 @@
 The command line is checked before any rank imports torch: flags, output paths, the grid and
 the global batch against every strategy's workers.  Then every strategy's options are checked,
 each strategy trains in turn (psrt/train/loop.py) and rank 0 prints one summary table.
-See docs/training.md.
+See docs/how-to/training.md.
 """
 from __future__ import annotations
 

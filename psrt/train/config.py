@@ -76,7 +76,7 @@ class TrainConfig:
                   "the data-parallel ranks", "strategy", metavar="N")
     # --- model and data
     model: str = opt("mlp", "model to train: " + ", ".join(MODELS) + ", or your own as module:callable "
-                     "returning an nn.Module (see docs/training.md)", "model", metavar="NAME")
+                     "returning an nn.Module (see docs/how-to/training.md)", "model", metavar="NAME")
     data: str | None = opt(None, "data set: " + ", ".join(DATASETS) + ", or your own as module:callable "
                            "(default: digits, or text for --model transformer)", "model", metavar="NAME")
     width: int = opt(0, "hidden units (mlp), 8 x channels (cnn) or model dimension (transformer); "
@@ -129,7 +129,7 @@ class TrainConfig:
                                   "output", metavar="DIR")
     callback: str | None = opt(None, "your own components of the training loop, as module:Class (a comma "
                                "list for several): subclasses of psrt.train.events.Callback, made with no "
-                               "arguments on every rank (see docs/training.md)", "output", metavar="MOD:CLASS")
+                               "arguments on every rank (see docs/how-to/training.md)", "output", metavar="MOD:CLASS")
 
     def __post_init__(self):
         self.dp_list = [d.strip() for d in self.dp.split(",")]

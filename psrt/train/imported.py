@@ -2,7 +2,7 @@
 
     python -m psrt.train --model mypkg.models:build_model --data mypkg.data:build_dataset
 
-The contract (docs/training.md, "Your own model and data"):
+The contract (docs/how-to/training.md, "Your own model and data"):
 
 - `--model module:callable`: `callable(dataset)` or `callable()` returns a torch.nn.Module
   (the data set is passed when the callable takes an argument: a psrt.train.data.Dataset, so

@@ -28,7 +28,7 @@ whole optimizer state (`FULL_REPLICA`).  The strategies that keep a state on one
 survivors then read the last complete --checkpoint in the same job, resharded to their number
 (the reshard a restart does, without the restart), and compute again the steps after it.
 Keeping a second copy of every shard on a buddy rank would spare that read at twice the
-optimizer memory and a second transfer of every shard each step (see docs/reliability.md,
+optimizer memory and a second transfer of every shard each step (see docs/how-to/reliability.md,
 "Recovery inside the job").
 """
 from __future__ import annotations

@@ -14,7 +14,7 @@ same for every layout; only what is built here differs.
   pipeline schedule; expert buffers on the expert-data-parallel group).
 
 Which strategy runs in which layout, and why not where it does not: `refusal` (the table
-docs/training.md shows, tested against it).
+docs/how-to/training.md shows, tested against it).
 """
 from __future__ import annotations
 
@@ -365,14 +365,14 @@ class GridState:
             c.load_resharded([s["components"][i] for s in mine])
 
 
-# The layouts docs/training.md's table shows, as psrt.train's flags set them.
+# The layouts docs/how-to/training.md's table shows, as psrt.train's flags set them.
 TABLE_LAYOUTS = (("whole model", {}), ("--pp 2", {"pp": 2}), ("--tp 2", {"tp": 2}),
                  ("--pp 2 --tp 2", {"pp": 2, "tp": 2}), ("--model moe --ep 2", {"moe": True, "ep": 2}))
 
 
 def support_table() -> str:
     """The markdown table of which --dp trains in which layout, each "no" numbered with its
-    reason below the table (docs/training.md holds it; a test keeps the two equal)."""
+    reason below the table (docs/how-to/training.md holds it; a test keeps the two equal)."""
     from psrt.dp import STRATEGIES
     rows = ["| --dp | " + " | ".join(name for name, _ in TABLE_LAYOUTS) + " |",
             "|---" * (len(TABLE_LAYOUTS) + 1) + "|"]

@@ -6,7 +6,7 @@ Each worker takes its slice of the global batch (data.ShardedSampler) and hands 
 micro-batches to the layout's step; parameter-server ranks serve.  A plain layout drives its
 strategy through psrt.dp.driver.Driver, the object psrt.data_parallel gives a user's own
 loop.  --model/--data may name the user's own (imported.py), --callback the user's own
-components.  See docs/training.md for flags, the sampler policy and learning-rate handling.
+components.  See docs/how-to/training.md for flags, the sampler policy and learning-rate handling.
 """
 from __future__ import annotations
 

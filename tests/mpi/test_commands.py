@@ -1,5 +1,5 @@
 """Every command a user types works from the checkout: the entry points of the README and of
-docs/architecture.md answer --help (and psrt.info runs as one process) with exit code 0."""
+docs/explanation/architecture.md answer --help (and psrt.info runs as one process) with exit code 0."""
 import os
 import subprocess
 import sys

@@ -1,4 +1,4 @@
-"""The docs are tested: every command block of README.md, docs/*.md and hostfiles/README.md
+"""The docs are tested: every command block of README.md, docs/**/*.md and hostfiles/README.md
 runs as a new user types it, from the checkout, or says in the doc source why it is not run.
 
 Fenced blocks carry a label:
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import pytest
 from conftest import ROOT
 
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "hostfiles" / "README.md"]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT / "hostfiles" / "README.md"]
 FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[^\n`]*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S)
 MARK = re.compile(r"<!-- docs: not run: (?P<why>.+?) -->")
 LABELS = ("sh", "console", "text", "python")

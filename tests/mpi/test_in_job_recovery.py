@@ -38,7 +38,7 @@ def test_a_lost_server_shard_comes_back_from_the_checkpoint_inside_the_job(tmp_p
     parameters and optimizer state are gone.  The survivors shrink and read the last checkpoint
     (step 30, written every 10 steps) in the same job, resharded to 2, and end with the
     parameters of an uninterrupted run on 2.  zero1/2/3 and ps take the same way (by hand in
-    docs/reliability.md); the ring test above covers the revocation of a Communicator."""
+    docs/how-to/reliability.md); the ring test above covers the revocation of a Communicator."""
     row = in_job_one("ps-sharded", ranks=3, lose=1, steps=100, kill_at=30, batch=48, width=32, timeout_s=10.0,
                      folder=tmp_path)
     log = row["log"]

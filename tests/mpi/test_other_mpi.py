@@ -7,7 +7,7 @@ Opt-in, because the first run builds a virtual environment per MPI (PyPI `openmp
 
 Each case checks, inside that environment, that mpi4py loads that MPI, that psrt.launch.plan
 names it, and that the matrix started with psrt's own `local_mpirun_prefix(3)` (the prefix
-the test fixture uses) reports no failure on any of the 3 ranks.  docs/mpi_support.md has
+the test fixture uses) reports no failure on any of the 3 ranks.  docs/how-to/mpi_support.md has
 the commands typed by hand and their results.
 """
 from __future__ import annotations

@@ -333,7 +333,7 @@ def _horovodrun() -> str | None:
 @needs_openmpi
 @pytest.mark.skipif(_horovodrun() is None, reason="horovodrun is not installed (scripts/install_horovod.sh)")
 def test_horovodrun_across_two_hosts_through_the_agent(names):
-    """`horovodrun -np 4 -H a:2,b:2`, typed as on two real hosts (docs/launching.md runs -np 8):
+    """`horovodrun -np 4 -H a:2,b:2`, typed as on two real hosts (docs/how-to/launching.md runs -np 8):
     its ssh checks and its mpirun reach the second host through the agent, found as
     `ssh` on the cluster's PATH.  Ranks land 2 + 2, an allreduce crosses the link, and Horovod
     trains across the hosts to the same loss as psrt's ring."""
@@ -406,7 +406,7 @@ def test_dead_rank_on_the_second_host_ends_the_job(names, tmp_path, mode):
 @needs_openmpi
 def test_two_hosts_train_ps_and_ring(names, tmp_path):
     """`mpirun -hostfile F python -m psrt.train --dp ps,ring` trains across the emulated
-    pair with its defaults (at -np 4 here; docs/training.md shows -np 8): both strategies
+    pair with its defaults (at -np 4 here; docs/how-to/training.md shows -np 8): both strategies
     learn, and the server sends several times what a ring rank sends."""
     hosts, hostfile, cluster, env = _pair(names, tmp_path)
     metrics = tmp_path / "m.jsonl"

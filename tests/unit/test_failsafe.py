@@ -1,6 +1,6 @@
 """The pieces of psrt's fail-safe behaviour that need no MPI job: the call fingerprint, the
 user's frame in an error line, the launcher's filtering of MPI's notices, finding a job's
-processes, and the claims of docs/reliability.md each naming a test that exists."""
+processes, and the claims of docs/how-to/reliability.md each naming a test that exists."""
 from __future__ import annotations
 
 import os
@@ -82,7 +82,7 @@ def test_descendants_finds_children_and_grandchildren():
 
 
 def test_every_claim_of_the_reliability_doc_names_a_test_that_exists():
-    text = (ROOT / "docs" / "reliability.md").read_text()
+    text = (ROOT / "docs" / "how-to" / "reliability.md").read_text()
     table = text.split("| Promise |", 1)[1].split("\n\n", 1)[0]
     rows = [r for r in table.splitlines()[2:] if r.startswith("|")]
     assert len(rows) >= 10

@@ -1,4 +1,4 @@
-"""The dependency rule of docs/architecture.md: a module imports only its own layer or the
+"""The dependency rule of docs/explanation/architecture.md: a module imports only its own layer or the
 layers below it, siblings of one layer stay apart, and no import cycle exists, counting
 imports made inside functions too.  Read from the source (ast), nothing is imported."""
 import ast
@@ -52,7 +52,7 @@ def layer_of(name: str) -> int:
     for i, (_, prefixes) in enumerate(LAYERS):
         if any(name == p or name.startswith(p + ".") for p in prefixes):
             return i
-    raise AssertionError(f"{name} is in no layer of docs/architecture.md: add it to LAYERS")
+    raise AssertionError(f"{name} is in no layer of docs/explanation/architecture.md: add it to LAYERS")
 
 
 def test_every_module_has_a_layer():

@@ -8,7 +8,7 @@ from psrt.train.layout import refusal, support_table
 from psrt.train.loop import check_strategies
 from psrt.errors import PsrtError
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "training.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "training.md"
 
 
 def test_docs_training_holds_the_table_the_code_refuses_by():

@@ -3,7 +3,7 @@ on one model, with `ps` (one co-located server) as the peer every ratio is taken
 
     ./mpi_launch -np 4 python tests/mpi/ranks/ps_cost.py --params 1000000 --steps 10
 
-Not a test (timings depend on the machine); docs/parameter_server.md quotes a run.  The model
+Not a test (timings depend on the machine); docs/explanation/parameter_server.md quotes a run.  The model
 is one linear layer whose size is --params; the batch is tiny so communication dominates.
 Rank 0 prints a table of MB sent per rank per step and the step time (--json: one
 PSRT-RESULT line per rank and layout instead).

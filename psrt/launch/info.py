@@ -141,14 +141,18 @@ def _say(line: str) -> None:
     sys.stdout.flush()
 
 
-@cli_main("psrt.info")
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m psrt.info", description=__doc__.split("\n")[0])
     p.add_argument("--allreduce", metavar="BYTES", type=parse_size,
                    help="time an allreduce of this many bytes of float32 (e.g. 16MiB)")
     p.add_argument("--iters", type=int, default=5, help="timed allreduce runs (default 5)")
     p.add_argument("--json", action="store_true", help="one PSRT-RESULT {json} line per rank")
-    args = p.parse_args(argv)
+    return p
+
+
+@cli_main("psrt.info")
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.iters < 1:
         raise PsrtError(f"--iters {args.iters}: needs at least 1", everywhere=True)
 

@@ -13,13 +13,17 @@ from psrt.errors import ArgumentParser, cli_main
 from psrt.trace.view import draw, load, totals
 
 
-@cli_main("psrt.trace")
-def main(argv=None) -> int:
+def build_parser() -> ArgumentParser:
     ap = ArgumentParser(prog="python -m psrt.trace", description=__doc__,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("file", help="a trace written by --trace")
     ap.add_argument("--png", help="draw the timeline into this PNG")
-    args = ap.parse_args(argv)
+    return ap
+
+
+@cli_main("psrt.trace")
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     events = load(args.file)
     rows = totals(events)
     width = max([len(r["name"]) for r in rows] + [4])

@@ -3,7 +3,8 @@
 Library code reads a setting through the accessor below (`timeout_s()`, `check_mode()`, ...),
 never through os.environ, so a bad value is refused with the same one-line message wherever
 it is first used; `check_all()` (called by psrt.init) refuses it at start-up instead.  The
-README's table of variables is `markdown_table()` (a test keeps the two equal).
+documentation's table of variables (docs/reference/env.md) is `markdown_table()` (a test keeps
+the two equal).
 
 Only this module and the launcher (which forwards PSRT_* to every rank as they are) look at
 these names.
@@ -246,6 +247,6 @@ def kill_at() -> tuple[tuple[int, ...], int] | None:
 
 
 def markdown_table() -> str:
-    """The README's table of variables."""
+    """The table of variables of docs/reference/env.md (scripts/gen_reference.py writes it)."""
     rows = [f"| `{v.name}` | {v.meaning} |" for v in VARIABLES.values()]
     return "\n".join(["| variable | meaning |", "|---|---|"] + rows) + "\n"

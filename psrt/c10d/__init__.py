@@ -2,7 +2,6 @@
 
     import psrt.c10d                      # registers "psrt"; under an MPI launcher, joins MPI
     import torch.distributed as dist
-from torch.distributed.constants import default_pg_timeout
     dist.init_process_group(backend="psrt")
     model = torch.nn.parallel.DistributedDataParallel(model)   # DDP, FSDP2, DTensor, ... unchanged
 

@@ -52,8 +52,8 @@ def test_accessors_read_the_process_environment(monkeypatch):
     assert env.timeout_s() == 7.0 and env.ring_segment_bytes() == 1024
 
 
-def test_readme_lists_exactly_these_variables():
-    assert env.markdown_table() in (ROOT / "README.md").read_text()
+def test_the_reference_lists_exactly_these_variables():
+    assert env.markdown_table() in (ROOT / "docs" / "reference" / "env.md").read_text()
 
 
 def test_no_module_but_env_reads_a_psrt_variable():

@@ -2,7 +2,7 @@
 # absolute: the ranks of Debian's mpirun may see /usr/bin first on PATH, whose python3 has no torch
 PYTHON ?= $(shell command -v python3)
 
-.PHONY: install demo test test-quick torch-suite bench tune clean
+.PHONY: install demo test test-quick torch-suite bench tune docs clean
 
 install:
 	bash scripts/install.sh
@@ -28,6 +28,12 @@ bench: install
 
 tune: install
 	$(PYTHON) -m psrt.bench tune --np 2,4,8
+
+# The documentation site, offline, into out/site; the reference pages are regenerated first.
+docs:
+	PSRT_WITH_SLURM=0 PSRT_WITH_FRAMEWORKS=0 PSRT_WITH_HOROVOD=0 PSRT_WITH_BROWSER=0 bash scripts/install.sh
+	$(PYTHON) scripts/gen_reference.py
+	$(PYTHON) -m mkdocs build --strict
 
 clean:
 	rm -rf build *.egg-info .pytest_cache out

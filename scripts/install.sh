@@ -47,6 +47,17 @@ if [ "${PSRT_WITH_FRAMEWORKS:-1}" != 0 ] && ! "$PYTHON" -c 'import accelerate, t
     say "accelerate and transformers"
     "$PYTHON" -m pip install -q -e '.[frameworks]'
 fi
+# The documentation site (make docs) and its browser test (tests/docs): MkDocs with the Material
+# theme, and Debian's Chromium.  PSRT_WITH_DOCS=0 leaves them out; make docs asks only for MkDocs.
+if [ "${PSRT_WITH_DOCS:-1}" != 0 ] && ! "$PYTHON" -c 'import mkdocs, material' 2>/dev/null; then
+    say "mkdocs and mkdocs-material"
+    "$PYTHON" -m pip install -q -e '.[docs]'
+fi
+if [ "${PSRT_WITH_DOCS:-1}" = 1 ] && [ "${PSRT_WITH_BROWSER:-1}" != 0 ] && ! command -v chromium >/dev/null; then
+    say "Chromium from Debian, for the documentation's browser test"
+    as_root apt-get update -qq
+    as_root apt-get install -y -qq chromium >/dev/null
+fi
 # Horovod, for --dp horovod and the bench's horovod peer: built from source (about 10 minutes
 # the first time, from pip's wheel cache afterwards).  PSRT_WITH_HOROVOD=0 leaves it out.
 if [ "${PSRT_WITH_HOROVOD:-1}" != 0 ]; then

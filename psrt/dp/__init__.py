@@ -36,7 +36,7 @@ OPTION_TAKERS = {
     "staleness": ("ps", "ps-sharded", "ps-async"),
     "offload_optimizer": ("zero1", "zero2", "zero3", "zero"),
     "local_aggregation": ("ps", "ps-sharded"),
-    "backup_workers": ("ps", "ps-sharded"),
+    "backup_workers": ("ps",),
 }
 
 # --compress: the dtypes gradients may travel in (psrt.dp.common.COMPRESS maps them).

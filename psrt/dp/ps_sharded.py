@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from psrt.dp.ps import ParameterServer, PSOptions
+from psrt.dp.ps import ParameterServer
 from psrt.dp.ps_protocol import FlatShard
 from psrt.dp.roles import Layout, sharded_layout
 from psrt.dp.shards import ShardMap, assemble, reshard_optimizer
@@ -24,14 +24,20 @@ from psrt.errors import PsrtError
 
 
 @dataclass(frozen=True)
-class ShardedPSOptions(PSOptions):
+class ShardedPSOptions:
     """servers: number of DEDICATED server ranks, as in `--dp ps`.  S > 0: the last S ranks
         hold one shard each and do no forward/backward (they call `serve()`); ranks 0..N-S-1
         are the workers.  0 or None (default): no dedicated servers, see shards.
     shards: with servers = 0 only: ranks 0..shards-1 hold one shard each and also work
         (default: every rank holds a shard, the co-located ps-lite layout).
-    staleness, timeout_s: as in `--dp ps`."""
+    staleness, timeout_s, local_aggregation: as in `--dp ps`.
+    No backup_workers: leaving a worker out needs the one server of `--dp ps` (PSOptions),
+    so the option is not offered here, and `--backup-workers` says it is ps's."""
 
+    servers: int | None = None
+    staleness: int | None = None
+    timeout_s: float | None = None
+    local_aggregation: bool = False
     shards: int | None = None
 
 

@@ -96,3 +96,15 @@ def test_the_option_table_is_the_strategies_own_options():
     text = " ".join(build_parser().format_help().split())
     assert "whichever is smaller); --dp ring, native, torch, zero2" in text and "--dp zero1, zero2, zero3" in text
     assert set(STRATEGIES) >= {d for ds in OPTION_TAKERS.values() for d in ds}
+
+
+def test_backup_workers_is_offered_only_where_it_works():
+    """ps-sharded's shards are several servers, which backup workers cannot have: its help
+    and its options leave --backup-workers out, and asking for it names ps in one line."""
+    from psrt.errors import PsrtError
+    from psrt.train.config import build_parser, parse_args
+    from psrt.train.loop import check_strategies
+    action = next(a for a in build_parser()._actions if "--backup-workers" in a.option_strings)
+    assert action.help.rstrip().endswith("--dp ps"), action.help
+    with pytest.raises(PsrtError, match="--backup-workers does not apply to --dp ps-sharded: it is an option of ps$"):
+        check_strategies(parse_args("--dp ps-sharded --backup-workers 1".split()))

@@ -14,8 +14,14 @@ COLOURS = {"step": "black", "compute": "tab:blue", "comm": "tab:orange", "wait":
 
 
 def load(path: str) -> list[dict]:
+    given = Path(path)
+    # `--trace FILE` with several --dp strategies writes FILE.<dp>.json, one per strategy
+    siblings = sorted(given.parent.glob(f"{given.stem}.*{given.suffix}")) if not given.exists() else []
+    if siblings:
+        raise PsrtError(f"{path}: no such file; a run with several --dp strategies wrote one per strategy: "
+                        f"{', '.join(str(s) for s in siblings)}")
     try:
-        trace = json.loads(Path(path).read_text())
+        trace = json.loads(given.read_text())
     except (OSError, ValueError) as err:
         raise PsrtError(f"{path}: not a readable trace ({err})") from None
     events = trace.get("traceEvents") if isinstance(trace, dict) else None

@@ -59,6 +59,18 @@ def test_a_file_that_is_not_a_trace_is_one_line(tmp_path, capsys):
     assert "bad.json: no traceEvents list: not a Chrome trace" in capsys.readouterr().err
 
 
+def test_the_file_of_a_several_strategy_run_is_named(tmp_path, capsys):
+    """`--trace out/trace.json --dp ps,ring` writes trace.ps.json and trace.ring.json: asking
+    for trace.json names them instead of saying only that it does not exist."""
+    for dp in ("ps", "ring"):
+        (tmp_path / f"trace.{dp}.json").write_text(json.dumps({"traceEvents": []}))
+    with pytest.raises(SystemExit) as exit_:
+        main([str(tmp_path / "trace.json")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "one per strategy" in err and "trace.ps.json" in err and "trace.ring.json" in err
+
+
 # ------------------------------------------------------------------ clock offsets, measured
 
 class ThreadComm:

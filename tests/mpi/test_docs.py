@@ -110,13 +110,19 @@ def _drop(words: list[str], flag: str) -> list[str]:
     return words
 
 
+SMALL_STEPS = 10     # a --steps a page shows that is run as shown
+
+
 def fast(command: str) -> str:
     """The command with flags that make a long run short; the same command otherwise."""
     words = shlex.split(command, comments=True)
     text = " ".join(words)
     if "psrt.train" in text or re.search(r"examples/(ps_vs_ring|horovod_vs_ring|pipeline|hybrid|"
                                          r"tensor_parallel|ddp_overlap)\.py", text):
-        words = _drop(_set(words, "--steps", "2"), "--epochs")
+        # a page's own small step count is kept: a resume must go on past its checkpoint's step
+        small = "--steps" in words and words[words.index("--steps") + 1].isdigit() \
+            and int(words[words.index("--steps") + 1]) <= SMALL_STEPS
+        words = _drop(words if small else _set(words, "--steps", "2"), "--epochs")
     elif "psrt.bench collectives" in text:
         words = _set(_set(_set(_drop(words, "--sizes"), "--max-size", "64KiB"), "--repeats", "1"), "--warmup", "0")
     elif "psrt.bench training" in text:
@@ -144,6 +150,32 @@ def test_fast_flags():
     assert fast("torchrun --nproc-per-node 2 examples/torch_ddp.py") == \
         "torchrun --nproc-per-node 2 examples/torch_ddp.py --epochs 1"
     assert fast("./mpi_launch --dry-run -np 8 python -m psrt.info") == "./mpi_launch --dry-run -np 8 python -m psrt.info"
+    assert fast("./mpi_launch -np 4 python -m psrt.train --steps 8 --resume") == \
+        "./mpi_launch -np 4 python -m psrt.train --steps 8 --resume"
+
+
+def _steps(line: str) -> int | None:
+    words = shlex.split(line, comments=True)
+    return int(words[words.index("--steps") + 1]) if "--steps" in words else None
+
+
+def test_a_resume_goes_on_past_its_checkpoint():
+    """`--resume` trains up to --steps in all: shown after the run that wrote its checkpoint,
+    it must ask for more steps than that run, or it resumes at the end and trains nothing."""
+    wrong = []
+    for block in RUN:
+        written: dict[str, int | None] = {}
+        for cmd in block.commands():
+            words = shlex.split(cmd.line, comments=True)
+            if "--checkpoint" not in words:
+                continue
+            path = words[words.index("--checkpoint") + 1]
+            if "--resume" in words and path in written:
+                before, now = written[path], _steps(cmd.line)
+                if before is None or now is None or now <= before:
+                    wrong.append(f"{block.where}: {cmd.line}")
+            written[path] = _steps(cmd.line)
+    assert not wrong, f"these resumes train nothing past their checkpoint: {wrong}"
 
 
 # ------------------------------------------------------------------ running them

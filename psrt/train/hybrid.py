@@ -171,9 +171,11 @@ class HybridTrainer:
         mine = slice(*shard_range(x.shape[0], g.dp, g.dp_rank))
         xs, ys, _ = split_batch(x[mine], y[mine], cfg.microbatches)
         stats = self.layout.step(list(zip(xs, ys)), global_tokens=y.numel())
+        # comm_s is the data-parallel components' own blocked time: the pipeline's receive
+        # waits are not in it (taking them out again made the dp figure negative)
         pp = self.layout.pp_stats
         stats.extra.update(step_s=pp.total_s, bubble=pp.bubble, peak_activation_bytes=pp.peak_activation_bytes,
-                           peak_live_microbatches=pp.peak_live_microbatches, dp_comm_s=stats.comm_s - pp.wait_s)
+                           peak_live_microbatches=pp.peak_live_microbatches, dp_comm_s=stats.comm_s)
         stats.extra.setdefault("moe", None)
         return stats
 

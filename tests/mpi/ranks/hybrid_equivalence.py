@@ -94,6 +94,9 @@ def main():
         for i, (st, want) in enumerate(zip(history, ref_losses)):
             if abs(st.loss - want) > ATOL + RTOL * abs(want):
                 errors.append(f"step {i} loss {st.loss} != {want}")
+            if not 0 <= st.extra["dp_comm_s"] <= st.extra["step_s"] + st.comm_s:
+                # examples/hybrid.py prints it: a time, so never negative
+                errors.append(f"step {i}: dp all-reduce {st.extra['dp_comm_s']:.4f} s")
         dense = dict(ref.named_parameters())
         for name, p in trainer.named_parameters():
             spec = trainer.specs[name]

@@ -122,7 +122,8 @@ class TrainConfig:
     checkpoint: str | None = opt(None, "checkpoint file (written atomically)", "output", metavar="FILE")
     checkpoint_every: int = opt(0, "write --checkpoint every K steps (0: only at the end)", "output", metavar="K")
     resume: bool = opt(False, "continue from --checkpoint", "output")
-    quiet: bool = opt(False, "no progress output, only the summary", "output")
+    quiet: bool = opt(False, "no progress output and no column legend: the summary table and the notes "
+                             "under it (the memory ledger; with several --dp, the alpha-beta model's view)", "output")
     tensorboard: str | None = opt(None, "write a TensorBoard log here, a run directory per strategy (DIR/<dp>): "
                                   "loss, throughput, compute and communication time, bytes per axis, loss "
                                   "scale per step, and the hyper-parameters (needs the tensorboard package)",

@@ -34,6 +34,16 @@ def test_help():
     assert "--dp NAME[,NAME]" in out.stdout and "GLOBAL batch size" in out.stdout
 
 
+def test_quiet_prints_what_its_help_says():
+    """--quiet keeps the table's notes (about 20 lines with the ledger): the help says so."""
+    out = single("--steps", "1", "--quiet")
+    assert out.returncode == 0, out.stderr
+    assert "memory per rank" in out.stdout and "compute s, comm s:" not in out.stdout
+    help_ = " ".join(single("--help").stdout.split())
+    quiet = help_[help_.rindex("--quiet"):][:300]
+    assert "the memory ledger" in quiet and "no column legend" in quiet, quiet
+
+
 @pytest.mark.parametrize("argv,words", [(["--dp", "rin"], "--dp 'rin'"),
                                         (["--batch-size", "abc"], "--batch-size: invalid int value")])
 def test_bad_flag_is_one_line_and_exit_2(argv, words):

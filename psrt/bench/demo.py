@@ -74,12 +74,12 @@ def command(args) -> int:
     print("\n" + verdict(runs, emulate))
     if plot(runs, png):
         print(f"psrt demo: wrote {png} (loss curves; step time split, predicted beside measured)")
-    from psrt.trace.view import draw, load
+    from psrt.trace.view import draw, load, side_by_side
     timeline = Path(args.out) / "timeline.png"
-    # psrt.train writes one timeline per strategy (trace.ps.json, trace.ring.json), on the same
-    # clock: drawn together, the server's steps and then the ring's
+    # psrt.train writes one timeline per strategy (trace.ps.json, trace.ring.json), each on a
+    # clock of its own from 0: the server's ranks and then the ring's, each on rows of their own
     traces = [Path(args.out) / f"trace.{dp}.json" for dp in ("ps", "ring")]
-    draw([e for t in traces for e in load(str(t))], str(timeline))
+    draw(side_by_side({dp: load(str(t)) for dp, t in zip(("ps", "ring"), traces)}), str(timeline))
     print(f"psrt demo: wrote {timeline} (every rank's timeline; {traces[0]} and {traces[1].name} open in "
           "ui.perfetto.dev)")
     return 0

@@ -42,6 +42,21 @@ def totals(events: list[dict]) -> list[dict]:
     return [out[k] for k in sorted(out)]
 
 
+def side_by_side(runs: dict[str, list[dict]]) -> list[dict]:
+    """The events of several runs (one trace per strategy, each with its own clock from 0 and
+    the same rank numbers) as one trace in which each run has rows of its own, named
+    "<run> rank N": drawn together otherwise, their spans would fall on the same rows."""
+    out = []
+    for i, (label, events) in enumerate(runs.items()):
+        offset = i * (1 + max((e.get("pid", 0) for e in events), default=0) + 1000)
+        for e in events:
+            e = dict(e, pid=e.get("pid", 0) + offset)
+            if e.get("ph") == "M" and e.get("name") == "process_name":
+                e["args"] = dict(e["args"], name=f"{label} {e['args']['name']}")
+            out.append(e)
+    return out
+
+
 def draw(events: list[dict], out: str) -> None:
     import matplotlib
     matplotlib.use("Agg")

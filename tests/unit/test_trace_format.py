@@ -6,6 +6,7 @@ import pytest
 
 from psrt.trace import OFF, Tracer, chrome_trace, clock_offset
 from psrt.trace.__main__ import main
+from psrt.trace.view import draw
 
 
 def test_off_records_nothing_and_on_records_spans():
@@ -69,6 +70,21 @@ def test_the_file_of_a_several_strategy_run_is_named(tmp_path, capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "one per strategy" in err and "trace.ps.json" in err and "trace.ring.json" in err
+
+
+def test_two_runs_drawn_together_keep_rows_of_their_own(tmp_path):
+    """The demo draws the ps run and the ring run in one picture: both traces number their
+    ranks from 0 and start their clocks at 0, so each run needs rows of its own."""
+    from psrt.trace.view import side_by_side
+    ranks = [{"rank": r, "host": "h", "offset_ns": 0,
+              "events": [("forward", "compute", "MainThread", 0, 2_000_000, {})]} for r in range(2)]
+    one = chrome_trace(ranks)["traceEvents"]
+    both = side_by_side({"ps": one, "ring": one})
+    lanes = {(e["pid"], e["tid"]) for e in both if e["ph"] == "X"}
+    assert len(lanes) == 2 * len({(e["pid"], e["tid"]) for e in one if e["ph"] == "X"})
+    names = sorted(e["args"]["name"] for e in both if e["ph"] == "M" and e["name"] == "process_name")
+    assert names[0].startswith("ps ") and names[-1].startswith("ring ")
+    draw(both, str(tmp_path / "both.png"))
 
 
 # ------------------------------------------------------------------ clock offsets, measured

@@ -1,7 +1,7 @@
 """Load what `psrt.train --save FILE` wrote into the model psrt.train builds on one process,
 and evaluate it: no MPI, no psrt strategy, just the module and its state_dict.
 
-    ./mpi_launch -np 4 python -m psrt.train --dp ps,ring --steps 10 --save out/model.pt --quiet
+    ./mpi_launch -np 4 python -m psrt.train --dp ps,ring --steps 4 --save out/model.pt --quiet
     python examples/load_saved.py out/model.ring.pt      # one file per strategy: FILE.<dp>.pt
 
 The model's settings (--model, --data, --width, --layers) must be the run's; the defaults are

@@ -41,7 +41,7 @@ if ! "$PYTHON" -c 'import psrt, pytest, sklearn, matplotlib, expecttest, tensorb
     say "psrt (editable) with its test extras"
     "$PYTHON" -m pip install -q -e '.[test]'
 fi
-# HF Accelerate and transformers (the README's "Frameworks": tests/mpi/test_frameworks.py runs
+# HF Accelerate and transformers (docs/tutorials/own-code.md, "Frameworks": tests/mpi/test_frameworks.py runs
 # them on the psrt backend).  PSRT_WITH_FRAMEWORKS=0 leaves them out.
 if [ "${PSRT_WITH_FRAMEWORKS:-1}" != 0 ] && ! "$PYTHON" -c 'import accelerate, transformers' 2>/dev/null; then
     say "accelerate and transformers"

@@ -1,5 +1,5 @@
 """The table behind algorithm='auto': which algorithm is fastest for a message size and
-world size, as measured by `python -m psrt.bench tune` (see README, 'Tuning auto').
+world size, as measured by `python -m psrt.bench tune` (see docs/explanation/results.md, "Allreduce: auto and psrt's API overhead").
 
 A table lists, per collective and world size, ascending byte limits and the algorithm that
 won up to each limit.  For a world size not in the table the nearest measured one is used.

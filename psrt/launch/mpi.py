@@ -19,7 +19,7 @@ def mpi_flavour(mpirun: str = "mpirun") -> str:
     """'openmpi4', 'openmpi5', 'mpich' or 'unknown', from `mpirun --version`."""
     path = shutil.which(mpirun)
     if path is None:
-        raise PsrtError(f"no {mpirun} on PATH: install an MPI (see README, 'Install')")
+        raise PsrtError(f"no {mpirun} on PATH: install an MPI (make install: README, 'Quick start')")
     out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
     text = out.stdout + out.stderr
     if "Open MPI" in text or "OpenRTE" in text:

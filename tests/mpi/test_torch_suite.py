@@ -2,7 +2,7 @@
 
 The whole suite (torch's DistributedTest._DistTestBase, gloo's selection) runs here at N = 3,
 where uneven splits show; `make torch-suite` runs it at N = 2, 3 and 4 and on gloo for reference
-(README, "PyTorch's distributed test suite").  The driver's own handling of a test that fails on
+(docs/tutorials/own-code.md, "PyTorch's own distributed test suite, on psrt").  The driver's own handling of a test that fails on
 one rank, wedges the job or kills it is checked with a stand-in rank script.
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ def test_the_suite_at_3_ranks_passes(tmp_path):
     bad = {t: r for t, r in got.items() if r[0] != "passed" and r[0] != "skipped"}
     assert not bad and proc.returncode == 0, (bad, proc.stdout[-3000:])
     passed = [t for t, r in got.items() if r[0] == "passed"]
-    # gloo passes 87 of this selection at N = 3, psrt states 0 of those as skipped (README)
+    # gloo passes 87 of this selection at N = 3, psrt states 0 of those as skipped (docs/tutorials/own-code.md)
     assert len(passed) >= 87, f"only {len(passed)} passed"
     assert set(MUST_PASS) <= set(passed), sorted(set(MUST_PASS) - set(passed))
     assert all(r[1] for r in got.values() if r[0] == "skipped"), "a skip without its reason"

@@ -3,7 +3,7 @@ second host lost (its processes killed, its link down) after step 12 of 40; the 
 watchdog ends the job, the launcher starts it again on the host that answers, psrt.train
 continues from its last checkpoint, and the final parameters equal those of a run that never
 failed on the survivors' ranks (same global batch).  The same scenario at full size (8 ranks,
-step 30 of 100) is `python -m psrt.bench recovery`, whose table is in the README."""
+step 30 of 100) is `python -m psrt.bench recovery`, whose table is in docs/explanation/results.md."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""psrt.env: every PSRT_* variable is read, parsed and refused in one place, and the README's
+"""psrt.env: every PSRT_* variable is read, parsed and refused in one place, and the reference's
 table of variables is the one env.py generates."""
 import re
 from pathlib import Path

@@ -123,6 +123,9 @@ def fast(command: str) -> str:
         small = "--steps" in words and words[words.index("--steps") + 1].isdigit() \
             and int(words[words.index("--steps") + 1]) <= SMALL_STEPS
         words = _drop(words if small else _set(words, "--steps", "2"), "--epochs")
+        # --quiet only leaves lines out (tests/mpi/test_train_cli.py checks it): a command shown
+        # with and without it is run once
+        words = [w for w in words if w != "--quiet"]
     elif "psrt.bench collectives" in text:
         words = _set(_set(_set(_drop(words, "--sizes"), "--max-size", "64KiB"), "--repeats", "1"), "--warmup", "0")
     elif "psrt.bench training" in text:
@@ -142,6 +145,8 @@ def fast(command: str) -> str:
 
 def test_fast_flags():
     assert fast("./mpi_launch -np 4 python -m psrt.train --dp ps,ring   # both") == \
+        "./mpi_launch -np 4 python -m psrt.train --dp ps,ring --steps 2"
+    assert fast("./mpi_launch -np 4 python -m psrt.train --dp ps,ring --quiet") == \
         "./mpi_launch -np 4 python -m psrt.train --dp ps,ring --steps 2"
     assert fast("./mpi_launch -np 2 python -m psrt.bench collectives --sizes 4,1MiB --repeats 7") == \
         "./mpi_launch -np 2 python -m psrt.bench collectives --repeats 1 --max-size 64KiB --warmup 0"

@@ -17,8 +17,9 @@ How a rank starts here instead of `python ARGS`:
   server never imports mpi4py.MPI, so each child starts MPI itself from the stub's OMPI_*
   variables);
 - the server sends the child's pid, then its wait status, back to the stub, which exits the same
-  way (the same code, or killed by the same signal).  The stub forwards the signals it gets to
-  the child; when the stub dies (SIGKILL from mpirun, say) the child kills itself.
+  way (the same code, or killed by the same signal).  The child leads a session of its own; the
+  stub forwards the signals it gets to that process group, and when the stub dies (SIGKILL from
+  mpirun, say) the group is killed.
 
 What differs from a fresh interpreter, and is mended in the child: the random generators of
 `random` and NumPy (reseeded from the OS, as a new process seeds them), sys.path (rebuilt from
@@ -176,6 +177,9 @@ def _join(namespaces: list[int]) -> None:
 
 
 def _take_over(fds: list[int], request: dict) -> None:
+    # A session and process group of its own, as a command started with start_new_session has:
+    # a signal the stub passes on, and a killpg of the process's own, reach all it started.
+    os.setsid()
     _join(fds[3:])
     for target, fd in enumerate(fds[:3]):
         os.dup2(fd, target)
@@ -199,13 +203,14 @@ def _take_over(fds: list[int], request: dict) -> None:
 
 
 def _die_with_stub(conn: socket.socket) -> None:
-    """The stub holds the other end: when it is gone (killed by mpirun), so is this rank."""
+    """The stub holds the other end: when it is gone (killed by mpirun, say), so is this
+    process, with the processes it started (its group)."""
     try:
         while conn.recv(1):
             pass
     except OSError:
         pass
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.killpg(0, signal.SIGKILL)
 
 
 def run(conn: socket.socket, request: dict) -> None:

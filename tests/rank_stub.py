@@ -22,6 +22,14 @@ def cold(args: list[str]) -> None:
     os.execv(sys.executable, [sys.executable, *args])
 
 
+def forward(group: int, sig: int) -> None:
+    """To the forked process and what it started (it leads a process group of its own)."""
+    try:
+        os.killpg(group, sig)
+    except ProcessLookupError:         # it has just ended: its status is on its way
+        pass
+
+
 def main() -> None:
     path, executable, args = sys.argv[1], sys.argv[2], sys.argv[3:]
     if not args or not (args[0] == "-m" or args[0].endswith(".py")):
@@ -44,7 +52,7 @@ def main() -> None:
         cold(args)
     pid = int(first)
     for sig in FORWARDED:
-        signal.signal(sig, lambda n, _f: os.kill(pid, n))
+        signal.signal(sig, lambda n, _f: forward(pid, n))
     line = reply.readline()
     if not line:                       # the server went away: the rank with it
         sys.exit(1)

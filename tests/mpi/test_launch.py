@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import NOWHERE, root_flag
+from conftest import NOWHERE, PYTHON, root_flag
 
 from psrt.launch.__main__ import main as launch_main
 
@@ -196,7 +196,9 @@ def test_a_signal_to_mpi_launch_ends_every_rank():
     for name, sig, extra in (("term", signals.SIGTERM, ()), ("hup", signals.SIGHUP, ()),
                              ("int", signals.SIGINT, ()), ("term-ignored", signals.SIGTERM, ("ignore-term",))):
         tag = f"psrt-sig-{uuid.uuid4().hex[:10]}"
-        argv = [sys.executable, str(ROOT / "mpi_launch"), "-np", "2", sys.executable,
+        # fresh interpreters (not the suite's warm python): the signal goes to mpi_launch
+        # itself, and what is left is found by the tag on the ranks' command lines
+        argv = [PYTHON, str(ROOT / "mpi_launch"), "-np", "2", PYTHON,
                 str(ROOT / "tests" / "mpi" / "ranks" / "busy_job.py"), tag, *extra]
         cases[name] = (argv, sig, tag)
     for name, (code, took, left) in signal_jobs(cases).items():

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import PYTHON
 from psrt.errors import PsrtError
 from psrt.launch import cluster as C
 from psrt.launch import cluster_cli as CLI
@@ -217,7 +218,8 @@ def test_signals_take_the_cluster_down(names):
     runs = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         hosts, subnet = names(2)
-        cmd = [sys.executable, "-m", "psrt.cluster", "run", "--hosts", ",".join(hosts),
+        # a fresh interpreter (not the suite's warm python): the signal goes to psrt.cluster itself
+        cmd = [PYTHON, "-m", "psrt.cluster", "run", "--hosts", ",".join(hosts),
                "--subnet", subnet, "--", "sleep", "120"]
         runs[sig] = (C.Cluster(hosts, subnet), subprocess.Popen(
             cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True,

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import PYTHON
 from psrt.errors import PsrtError
 from psrt.launch import cluster as C
 from psrt.launch import slurm
@@ -350,7 +351,8 @@ def test_cluster_run_slurm_ends_everything_on_ctrl_c_and_sigterm():
     runs = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         hosts, subnet = _names(f"signal-{int(sig)}")
-        cmd = [sys.executable, "-m", "psrt.cluster", "run", "--slurm", "--hosts", ",".join(hosts),
+        # a fresh interpreter (not the suite's warm python): the signal goes to psrt.cluster itself
+        cmd = [PYTHON, "-m", "psrt.cluster", "run", "--slurm", "--hosts", ",".join(hosts),
                "--subnet", subnet, "--", "sleep", "120"]
         runs[sig] = (C.Cluster(hosts, subnet, slurm=True), subprocess.Popen(
             cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True,

@@ -82,17 +82,21 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(body), list(fds)
 
 
-def serve(path: str) -> tuple[socket.socket, dict] | None:
-    """Accept stubs until the parent (pytest) goes away.  Returns, in a forked child only, the
-    connection and request it is to run."""
+def serve(path: str, session: int) -> tuple[socket.socket, dict] | None:
+    """Accept stubs until the test session (pid `session`) goes away.  Returns, in a forked
+    child only, the connection and request it is to run."""
+    # Out of the session's tree (the parent that started it exits at once): launcher code that
+    # tests run inside pytest ends every process below pytest, and this one must outlive them.
+    if os.fork():
+        os._exit(0)
+    os.setsid()
     _preload()
-    parent = os.getppid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(128)
-    print("ready", flush=True)
+    print(f"ready {os.getpid()}", flush=True)
     children: dict[int, socket.socket] = {}
-    while os.getppid() == parent:
+    while os.path.exists(f"/proc/{session}"):
         ready, _, _ = select.select([listener], [], [], 0.05)
         if ready:
             conn, _ = listener.accept()
@@ -248,7 +252,7 @@ class ForkServer:
         self.path = os.path.join(self.dir, "server.sock")
         env = dict(os.environ, PYTHONPATH=str(root))
         # It imports while the session collects the tests (wait_ready).
-        self.proc = subprocess.Popen([sys.executable, __file__, self.path], stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen([sys.executable, __file__, self.path, str(os.getpid())], stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=root)
         self.python = os.path.join(self.dir, "bin", "python3")
         # `python` and `python3` for every command the tests start (PATH): mpi_launch's ranks,
@@ -263,20 +267,26 @@ class ForkServer:
 
     def wait_ready(self) -> None:
         """Until it listens (a stub that comes earlier starts cold, which is only slower)."""
-        if self.proc.stdout.readline().strip() != b"ready":
-            raise RuntimeError(f"the rank fork server did not start (exit {self.proc.poll()})")
+        word, _, pid = self.proc.stdout.readline().decode().partition(" ")
+        if word != "ready":
+            raise RuntimeError(f"the rank fork server did not start (exit {self.proc.wait()})")
+        self.pid = int(pid)
 
     def argv(self, args: list[str]) -> list[str]:
         """`python ARGS` as a rank of this server; ARGS as a plain rank would take them."""
         return [self.python, *args]
 
     def close(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
+        self.proc.wait()                 # the parent that started the server, long gone
+        if getattr(self, "pid", None):
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    job = serve(sys.argv[1])
+    job = serve(sys.argv[1], int(sys.argv[2]))
     if job is not None:
         run(*job)

@@ -3,7 +3,8 @@
 
 - docs/reference/cli.md: every flag of every command, from its argparse parser;
 - docs/reference/env.md: every PSRT_* variable, from psrt/env.py;
-- docs/reference/api.md: the Python API, from its docstrings.
+- docs/reference/api.md: the Python API, from its docstrings;
+- docs/reference/messages.md: every one-line error message psrt raises, from the source.
 
     python scripts/gen_reference.py           # write the pages
     python scripts/gen_reference.py --check   # exit 1 naming each page that is out of date
@@ -13,6 +14,7 @@ tests/unit/test_reference.py runs the check and compares the pages with the pars
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import inspect
 import sys
@@ -144,11 +146,139 @@ def api_page() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-PAGES = {"cli.md": cli_page, "env.md": env_page, "api.md": api_page}
+# ------------------------------------------------------------------ error messages
+
+ERROR_BASE = "PsrtError"     # psrt/errors.py: one line and an exit code (2 unless a subclass says)
+NEED = "need"                # psrt.bench.report.need(ok, message): a PsrtError when not ok
+
+# Where a user meets the messages of each part of psrt, in the order the page shows them.
+PARTS = {
+    "psrt/train": "`python -m psrt.train`",
+    "psrt/launch": "`mpi_launch`, `python -m psrt.cluster`, `python -m psrt.info`",
+    "psrt/bench": "`python -m psrt.bench`",
+    "psrt/collectives": "`psrt.Communicator` and its collectives",
+    "psrt/c10d": "the torch.distributed backend (`psrt.c10d`)",
+    "psrt/dp": "`psrt.data_parallel` and the `--dp` strategies",
+    "psrt/pp": "pipelines (`--pp`)",
+    "psrt/tp": "tensor parallelism (`--tp`)",
+    "psrt/ep": "experts (`--ep`)",
+    "psrt/trace": "`python -m psrt.trace`",
+    "psrt": "the rest of psrt (start-up, `PSRT_*` variables, the watchdog, the process grid)",
+}
+
+
+def _sources() -> dict[Path, ast.Module]:
+    return {path: ast.parse(path.read_text(), str(path)) for path in sorted((ROOT / "psrt").rglob("*.py"))}
+
+
+def _error_classes(trees) -> dict[str, str]:
+    """Every PsrtError class (subclasses too), by name: the exit code it gives, as text."""
+    codes = {ERROR_BASE: "2"}
+    grew = True
+    while grew:
+        grew = False
+        for tree in trees.values():
+            for node in ast.walk(tree):
+                if not isinstance(node, ast.ClassDef) or node.name in codes:
+                    continue
+                bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", None) for b in node.bases]
+                parent = next((b for b in bases if b in codes), None)
+                if parent is None:
+                    continue
+                code = codes[parent]
+                for item in node.body:
+                    if isinstance(item, ast.Assign) and any(getattr(t, "id", "") == "exit_code" for t in item.targets):
+                        code = ast.unparse(item.value)
+                codes[node.name] = code
+                grew = True
+    return codes
+
+
+def _message(node, top: bool = True) -> str | None:
+    """The text of a message as the source writes it, each value filled in at run time shown
+    as `...`; None when the message is not written out there (a variable passed on)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "..." for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _message(node.left, False), _message(node.right, False)
+        return None if left is None or right is None else left + right
+    return None if top else "..."
+
+
+def _name(func) -> str | None:
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+
+
+def error_messages() -> list[tuple[str, str, str]]:
+    """(file, exit code, message) for every PsrtError (or subclass) psrt makes with its message
+    written out, and every `need(ok, message)`, in the order of the files and of the source."""
+    trees = _sources()
+    codes = _error_classes(trees)
+    found = []
+    for path, tree in trees.items():
+        calls = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Call)), key=lambda n: (n.lineno, n.col_offset))
+        for call in calls:
+            name = _name(call.func)
+            if name == NEED and len(call.args) > 1:
+                arg, code = call.args[1], codes[ERROR_BASE]
+            elif name in codes and call.args:
+                arg, code = call.args[0], codes[name]
+            else:
+                continue
+            text = _message(arg)
+            if text is not None:
+                found.append((str(path.relative_to(ROOT)), code, " ".join(text.split())))
+    return found
+
+
+def _code_span(text: str) -> str:
+    longest = 0
+    run = 0
+    for ch in text:
+        run = run + 1 if ch == "`" else 0
+        longest = max(longest, run)
+    ticks = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
+
+
+def _part(path: str) -> str:
+    return next(part for part in PARTS if path.startswith(part + "/"))
+
+
+def messages_page() -> str:
+    out = ["# Error messages", "", GENERATED, "",
+           "Every one-line error psrt raises with its message written out in the source: a `PsrtError` "
+           "(or a subclass), which the command prints on one line, without a traceback, and ends with "
+           "its exit code: 2 (bad input; the same command fails again) unless the line says otherwise. "
+           "`...` stands for a value filled in when the error happens (a flag's value, a path, a rank). "
+           "argparse's own errors (an unknown flag, a missing value) are one line and exit 2 as well, "
+           "and are not listed. What psrt does on each kind of failure: [when things go wrong](errors.md).", ""]
+    by_part: dict[str, list[tuple[str, str, str]]] = {part: [] for part in PARTS}
+    seen = set()
+    for path, code, text in error_messages():
+        if (code, text) in seen:
+            continue
+        seen.add((code, text))
+        by_part[_part(path)].append((path, code, text))
+    for part, rows in by_part.items():
+        if not rows:
+            continue
+        out += [f"## {PARTS[part]}", ""]
+        for path, code, text in rows:
+            exit_note = "" if code == "2" else f" (exit {code})"
+            out.append(f"- {_code_span(text)}{exit_note} ([{Path(path).name}](../../{path}))")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+PAGES = {"cli.md": cli_page, "env.md": env_page, "api.md": api_page, "messages.md": messages_page}
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="write (or --check) docs/reference/{cli,env,api}.md from the code")
+    ap = argparse.ArgumentParser(description="write (or --check) docs/reference/{cli,env,api,messages}.md from the code")
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a page differs")
     args = ap.parse_args(argv)
     stale = []

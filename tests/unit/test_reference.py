@@ -1,5 +1,6 @@
 """The reference pages say what the code does: docs/reference/cli.md names every flag of every
-command's parser and docs/reference/env.md every PSRT_* variable of psrt/env.py, and both are
+command's parser, docs/reference/env.md every PSRT_* variable of psrt/env.py and
+docs/reference/messages.md every one-line error message the source writes out, and each is
 what scripts/gen_reference.py writes today (the API page is checked where the site is built:
 its generator joins MPI, which this process must not)."""
 from __future__ import annotations
@@ -49,6 +50,23 @@ def test_the_env_reference_names_every_variable():
     assert not missing, f"docs/reference/env.md lacks {missing}: run python scripts/gen_reference.py"
 
 
+def test_the_error_reference_names_every_message():
+    text = (REF / "messages.md").read_text()
+    found = gen.error_messages()
+    assert len(found) > 300, f"{len(found)} messages: the generator no longer finds psrt's raises"
+    missing = [f"{path}: {message}" for path, _, message in found if gen._code_span(message) not in text]
+    assert not missing, f"docs/reference/messages.md lacks {missing}: run python scripts/gen_reference.py"
+
+
+def test_a_message_is_read_as_the_source_writes_it():
+    import ast
+    read = gen._message(ast.parse("f'--np {n}: must be ' + ('even' if x else 'odd') + '; ' + 'see --help'").body[0].value)
+    assert read == "--np ...: must be ...; see --help"
+    assert gen._message(ast.parse("text").body[0].value) is None       # a message passed on, not written here
+    assert gen._code_span("use `x`") == "`` use `x` ``"                # a backtick inside stays text
+
+
 def test_the_pages_are_what_the_generator_writes():
     assert (REF / "cli.md").read_text() == gen.cli_page(), "run python scripts/gen_reference.py"
     assert (REF / "env.md").read_text() == gen.env_page(), "run python scripts/gen_reference.py"
+    assert (REF / "messages.md").read_text() == gen.messages_page(), "run python scripts/gen_reference.py"

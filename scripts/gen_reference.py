@@ -157,13 +157,13 @@ PARTS = {
     "psrt/launch": "`mpi_launch`, `python -m psrt.cluster`, `python -m psrt.info`",
     "psrt/bench": "`python -m psrt.bench`",
     "psrt/collectives": "`psrt.Communicator` and its collectives",
-    "psrt/c10d": "the torch.distributed backend (`psrt.c10d`)",
+    "psrt/c10d": "The torch.distributed backend (`psrt.c10d`)",
     "psrt/dp": "`psrt.data_parallel` and the `--dp` strategies",
-    "psrt/pp": "pipelines (`--pp`)",
-    "psrt/tp": "tensor parallelism (`--tp`)",
-    "psrt/ep": "experts (`--ep`)",
+    "psrt/pp": "Pipelines (`--pp`)",
+    "psrt/tp": "Tensor parallelism (`--tp`)",
+    "psrt/ep": "Experts (`--ep`)",
     "psrt/trace": "`python -m psrt.trace`",
-    "psrt": "the rest of psrt (start-up, `PSRT_*` variables, the watchdog, the process grid)",
+    "psrt": "The rest of psrt (start-up, `PSRT_*` variables, the watchdog, the process grid)",
 }
 
 

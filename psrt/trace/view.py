@@ -42,12 +42,28 @@ def totals(events: list[dict]) -> list[dict]:
     return [out[k] for k in sorted(out)]
 
 
+def from_first_step(events: list[dict]) -> list[dict]:
+    """The events to draw: time 0 at the first training step, and the spans that end before it
+    left out (a strategy's broadcast of the parameters as it is made). Seconds of set-up lie
+    between the two (building the model, torch's imports when the first optimizer is made),
+    which would squeeze the steps into a sliver at the right of the picture. A trace with no
+    step is drawn whole; the file keeps every span, and totals() counts them all."""
+    starts = [e["ts"] for e in events if e.get("ph") == "X" and e.get("cat") == "step"]
+    if not starts:
+        return events
+    t0 = min(starts)
+    return [dict(e, ts=e["ts"] - t0) if e.get("ph") == "X" else e for e in events
+            if e.get("ph") != "X" or e["ts"] + e["dur"] > t0]
+
+
 def side_by_side(runs: dict[str, list[dict]]) -> list[dict]:
     """The events of several runs (one trace per strategy, each with its own clock from 0 and
     the same rank numbers) as one trace in which each run has rows of its own, named
-    "<run> rank N": drawn together otherwise, their spans would fall on the same rows."""
+    "<run> rank N": drawn together otherwise, their spans would fall on the same rows. Each
+    run's first step is at time 0 (from_first_step), so the runs' steps line up."""
     out = []
     for i, (label, events) in enumerate(runs.items()):
+        events = from_first_step(events)
         offset = i * (1 + max((e.get("pid", 0) for e in events), default=0) + 1000)
         for e in events:
             e = dict(e, pid=e.get("pid", 0) + offset)
@@ -58,6 +74,8 @@ def side_by_side(runs: dict[str, list[dict]]) -> list[dict]:
 
 
 def draw(events: list[dict], out: str) -> None:
+    """The timeline as a PNG, from the first training step on (from_first_step)."""
+    events = from_first_step(events)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

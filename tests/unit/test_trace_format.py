@@ -87,6 +87,32 @@ def test_two_runs_drawn_together_keep_rows_of_their_own(tmp_path):
     draw(both, str(tmp_path / "both.png"))
 
 
+def test_the_drawing_starts_at_the_first_step(tmp_path):
+    """A run's spans start with the parameters' broadcast as its strategy is made, and its
+    steps seconds later (set-up): the PNG starts at the first step, so the steps fill the
+    picture, and two runs drawn together have their first steps at the same time."""
+    from psrt.trace.view import from_first_step, side_by_side, totals
+    ms = 1_000_000
+
+    def run(setup_ms):
+        return chrome_trace([{"rank": r, "host": "h", "offset_ns": 0,
+                              "events": [("broadcast", "comm", "MainThread", 0, 1 * ms, {}),
+                                         ("step", "step", "MainThread", setup_ms * ms, (setup_ms + 10) * ms, {}),
+                                         ("forward", "compute", "MainThread", setup_ms * ms, (setup_ms + 4) * ms, {})]}
+                             for r in range(2)])["traceEvents"]
+
+    slow = run(5000)
+    drawn = [e for e in from_first_step(slow) if e["ph"] == "X"]
+    assert {e["name"] for e in drawn} == {"step", "forward"}
+    assert min(e["ts"] for e in drawn) == 0 and max(e["ts"] + e["dur"] for e in drawn) == 10_000
+    assert any(r["name"] == "broadcast" for r in totals(slow))     # the summary still counts it
+    both = [e for e in side_by_side({"ps": run(100), "ring": slow}) if e["ph"] == "X" and e["name"] == "step"]
+    assert {e["ts"] for e in both} == {0}
+    no_steps = [e for e in slow if e.get("cat") != "step"]
+    assert from_first_step(no_steps) == no_steps                   # nothing to align: drawn whole
+    draw(side_by_side({"ps": run(100), "ring": slow}), str(tmp_path / "both.png"))
+
+
 # ------------------------------------------------------------------ clock offsets, measured
 
 class ThreadComm:

@@ -36,7 +36,9 @@ PYTHON = sys.executable     # the interpreter itself, for a rank that must start
 
 
 def pytest_configure(config):
-    if not config.getoption("--cold"):
+    # Under pytest-xdist the workers launch the ranks; the process that hands them tests does not.
+    distributing = getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
+    if not config.getoption("--cold") and not distributing:
         from forkserver import ForkServer
         server = ForkServer(ROOT)
         _FORK_SERVER.append(server)
@@ -61,7 +63,28 @@ def rank_argv(args: list[str], warm: bool = True) -> list[str]:
     return [PYTHON, *args]
 
 
+# --- tests side by side (pytest-xdist, scripts/test.sh) -------------------------------------------
+# The tests that make emulated hosts (network namespaces, mounts, Slurm daemons), look at the
+# whole machine's namespaces, or time links run one after another in one group, on one worker:
+# another test's hosts would show up in their checks, or its load in their figures.
+ONE_AT_A_TIME = ("tests/netns/", "tests/mpi/test_launch.py", "tests/mpi/test_bench_suite.py",
+                 "tests/mpi/test_cpu_bound.py", "tests/mpi/test_profile_runs.py", "tests/mpi/test_docs.py",
+                 "tests/mpi/test_bad_inputs.py")
+
+
+def _group_for_workers(config, items) -> None:
+    """Every other file is a group of its own: its module-scoped launches are shared by its tests
+    only where they run in one process."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        group = "hosts" if path.startswith(ONE_AT_A_TIME) else path
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_collection_modifyitems(config, items):
+    _group_for_workers(config, items)
     if not config.getoption("--quick"):
         return
     lines = (ROOT / "tests" / "quick.txt").read_text().splitlines()

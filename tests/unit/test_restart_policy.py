@@ -141,6 +141,55 @@ def test_restart_loop_tells_the_ranks_and_a_returning_host_is_back_in():
     assert any("not answering: node1" in s for s in said)
 
 
+def test_a_lost_host_that_answers_again_widens_the_job_without_using_a_restart():
+    """The narrowed start is told of a file (PSRT_GROW_FILE) that appears once the lost host
+    answers again; the job's exit 5 then starts it on both hosts, though the one restart
+    allowed is spent.  Exit 5 without that request is a failure like any other."""
+    starts, said = [], []
+    answering = {"now": {"node0", "node1"}}
+
+    def start(req, extra):
+        starts.append((req.np, dict(extra)))
+        if len(starts) == 1:               # node1 lost: the job fails
+            answering["now"] = {"node0"}
+            return 3
+        if len(starts) == 2:               # narrowed: node1 comes back, the launcher asks, the job stops
+            answering["now"] = {"node0", "node1"}
+            deadline = time.monotonic() + 10
+            while not os.path.exists(extra["PSRT_GROW_FILE"]) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return 5
+        return 0
+    code = run_restarting(_req(), start, cores=2, policy=Policy(1), probe=lambda h: h in answering["now"],
+                          say=said.append, grow_every=0.02)
+    assert code == 0, said
+    assert [n for n, _ in starts] == [8, 4, 8]
+    assert "PSRT_GROW_FILE" not in starts[0][1] and "PSRT_GROW_FILE" not in starts[2][1]
+    assert starts[2][1]["PSRT_RESTART_COUNT"] == "2" and "PSRT_FAILED_AT" not in starts[2][1]
+    assert not os.path.exists(os.path.dirname(starts[1][1]["PSRT_GROW_FILE"]))     # removed afterwards
+    assert "node1 answer(s) again: asking the job to stop at its next checkpoint, to start again on every host" in said
+    codes = iter([3, 5])
+    said.clear()
+    assert run_restarting(_req(), lambda r, e: next(codes), 2, Policy(1), probe=lambda h: h == "node0",
+                          say=said.append, grow_every=0.02) == 5
+    assert said[-1] == "giving up after 1 restart(s) (exit 5)"
+
+
+def test_under_in_job_recovery_a_host_back_is_said_in_one_line():
+    from psrt.launch.growback import telling
+    said, answering = [], {"now": True}
+    with telling(parse_hosts("node1"), lambda h: answering["now"], 0.02, said.append):
+        time.sleep(0.1)
+        answering["now"] = False           # lost, then back
+        time.sleep(0.1)
+        answering["now"] = True
+        deadline = time.monotonic() + 10
+        while not said and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert said == ["node1 answer(s) again; under --in-job-recovery the job goes on on the ranks it has "
+                    "(ULFM cannot add ranks to a running job): --restarts takes a host back at a checkpoint"]
+
+
 def test_usage_errors_and_exhausted_restarts_stop():
     said = []
     assert run_restarting(_req(), lambda r, e: 2, 2, Policy(3), probe=lambda h: True, say=said.append) == 2

@@ -234,6 +234,19 @@ def test_a_launcher_hung_after_a_rank_error_without_a_notice_is_ended(monkeypatc
     assert mpi.run_job([sys.executable, "-c", quick], dict(os.environ), quiet_exit=True) == 2
 
 
+def test_open_mpi_5_losing_a_daemon_is_a_failure_and_an_in_job_end_is_not_waited_for(monkeypatch):
+    """Open MPI 5's runtime ends a job that lost a host's daemon and exits 0: the launcher returns
+    1.  One that waits for such a daemon after the survivors of an in-job recovery have finished
+    is ended ABORT_GRACE_S after their line, with exit 0."""
+    monkeypatch.setattr(mpi, "ABORT_GRACE_S", 0.3)
+    lost = "import sys; sys.stderr.write('A daemon failed to report back after being spawned. This could\\n')"
+    assert mpi.run_job([sys.executable, "-c", lost], dict(os.environ), quiet_exit=True) == 1
+    done = f"import sys, time; sys.stderr.write({mpi.IN_JOB_DONE!r} + '\\n'); sys.stderr.flush(); time.sleep(60)"
+    t0 = time.monotonic()
+    assert mpi.run_job([sys.executable, "-c", done], dict(os.environ), quiet_exit=True) == 0
+    assert time.monotonic() - t0 < 20
+
+
 def _write_forever(path: str, base: int) -> None:
     k = base
     while True:

@@ -14,7 +14,9 @@ launcher's own host (the first of the hostfile, where mpirun puts rank 0) or on 
 
 Under `--in-job-recovery` the ranks of a running MPI job cannot be added to (ULFM shrinks a
 communicator; it does not grow one), so a host that answers again is only said in one line,
-and the job goes on on the ranks it has.
+and the job goes on on the ranks it has, until Open MPI 5.0's runtime hears the host refuse
+the connection of the daemon it lost there (its kernel answers with a reset), which ends the
+job; with --restarts N it then starts again on every host from the last checkpoint.
 """
 from __future__ import annotations
 
@@ -27,8 +29,9 @@ from typing import Callable
 
 from psrt.launch.restart import survivors
 
-IN_JOB_LINE = ("{hosts} answer(s) again; under --in-job-recovery the job goes on on the ranks it has "
-               "(ULFM cannot add ranks to a running job): --restarts takes a host back at a checkpoint")
+IN_JOB_LINE = ("{hosts} answer(s) again: under --in-job-recovery the job cannot widen to it (ULFM adds no "
+               "ranks) and goes on narrowed, until Open MPI 5's runtime hears from that host and ends the job "
+               "(--restarts N then starts it again on every host from the last checkpoint)")
 
 
 class Watch:

@@ -311,8 +311,10 @@ def _supervise(proc, copier, ending: Ending) -> int:
             signal.signal(s, handler)
     if caught:
         return 128 + caught[0]
-    if code == 0 and ending.at is not None:
-        return ending.code              # a job that was seen to end badly did not succeed
+    if ending.at is not None and 0 in (code, ending.code):
+        # a job seen to end badly did not succeed; one whose survivors all finished did, whatever
+        # the runtime says of the daemon it lost (a host that came back tells it on the way out)
+        return ending.code
     return 128 - code if code < 0 else code
 
 

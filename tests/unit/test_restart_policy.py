@@ -186,8 +186,9 @@ def test_under_in_job_recovery_a_host_back_is_said_in_one_line():
         deadline = time.monotonic() + 10
         while not said and time.monotonic() < deadline:
             time.sleep(0.01)
-    assert said == ["node1 answer(s) again; under --in-job-recovery the job goes on on the ranks it has "
-                    "(ULFM cannot add ranks to a running job): --restarts takes a host back at a checkpoint"]
+    assert said == ["node1 answer(s) again: under --in-job-recovery the job cannot widen to it (ULFM adds no "
+                    "ranks) and goes on narrowed, until Open MPI 5's runtime hears from that host and ends the "
+                    "job (--restarts N then starts it again on every host from the last checkpoint)"]
 
 
 def test_usage_errors_and_exhausted_restarts_stop():
@@ -237,7 +238,8 @@ def test_a_launcher_hung_after_a_rank_error_without_a_notice_is_ended(monkeypatc
 def test_open_mpi_5_losing_a_daemon_is_a_failure_and_an_in_job_end_is_not_waited_for(monkeypatch):
     """Open MPI 5's runtime ends a job that lost a host's daemon and exits 0: the launcher returns
     1.  One that waits for such a daemon after the survivors of an in-job recovery have finished
-    is ended ABORT_GRACE_S after their line, with exit 0."""
+    is ended ABORT_GRACE_S after their line, with exit 0, as is one that fails on its way out
+    after that line (the lost host back: its daemon's connection refused)."""
     monkeypatch.setattr(mpi, "ABORT_GRACE_S", 0.3)
     lost = "import sys; sys.stderr.write('A daemon failed to report back after being spawned. This could\\n')"
     assert mpi.run_job([sys.executable, "-c", lost], dict(os.environ), quiet_exit=True) == 1
@@ -245,6 +247,9 @@ def test_open_mpi_5_losing_a_daemon_is_a_failure_and_an_in_job_end_is_not_waited
     t0 = time.monotonic()
     assert mpi.run_job([sys.executable, "-c", done], dict(os.environ), quiet_exit=True) == 0
     assert time.monotonic() - t0 < 20
+    late = done.replace("time.sleep(60)", "sys.stderr.write('PRTE has lost communication with a remote daemon.\\n'); "
+                        "sys.exit(1)")
+    assert mpi.run_job([sys.executable, "-c", late], dict(os.environ), quiet_exit=True) == 0
 
 
 def _write_forever(path: str, base: int) -> None:

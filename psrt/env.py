@@ -46,6 +46,13 @@ def _count(text: str) -> int:
     return value
 
 
+def _count_float(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise ValueError(text)
+    return value
+
+
 def _one_of(*choices: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in choices:
@@ -160,6 +167,14 @@ VARIABLES = {v.name: v for v in (
     Variable("PSRT_FAILED_AT", float, "seconds since the epoch", None,
              "set by `mpi_launch --restarts` on a restart: when the failure was seen, for the "
              "time a recovery took"),
+    Variable("PSRT_GROW_BACK_S", _count_float, "0 or more seconds", 10.0,
+             "`mpi_launch --restarts`: while a job runs on fewer hosts than it was given, how often the "
+             "launcher asks the lost ones whether they answer again (a grow-back: the job stops at its next "
+             "checkpoint and starts again on every host); 0: never"),
+    Variable("PSRT_GROW_FILE", str, "a file name", None,
+             "set by `mpi_launch --restarts` for its ranks while the job runs on fewer hosts than it was "
+             "given: the file the launcher creates when a lost host answers again; `psrt.train`'s rank 0 "
+             "looks for it at each checkpoint and the job then stops there with exit 5"),
     Variable("PSRT_IN_JOB_RECOVERY", _flag, "0 or 1", False,
              "set by `mpi_launch --in-job-recovery` for its ranks: `psrt.train` survives a lost rank "
              "inside the job (MPI's ULFM: the survivors shrink their communicators and go on from "
@@ -263,6 +278,16 @@ def log_dir(environ=os.environ) -> str | None:
 def restarts() -> tuple[int, int, float | None]:
     """(restarts allowed, this restart's number, when the failure was seen) from mpi_launch."""
     return get("PSRT_RESTARTS"), get("PSRT_RESTART_COUNT"), get("PSRT_FAILED_AT")
+
+
+def grow_back_s(environ=os.environ) -> float:
+    """Seconds between the launcher's asks of the hosts a job lost (0: no grow-back)."""
+    return get("PSRT_GROW_BACK_S", environ)
+
+
+def grow_file() -> str | None:
+    """The file whose existence asks this job to stop at its next checkpoint (a grow-back)."""
+    return get("PSRT_GROW_FILE")
 
 
 def in_job_recovery() -> bool:

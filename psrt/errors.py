@@ -42,6 +42,11 @@ class StorageError(PsrtError):
     exit_code = 4
 
 
+# The exit code of a job that stopped at a checkpoint because its launcher asked it to widen
+# again to a host it had lost (a grow-back, psrt/launch/growback.py): not a failure.
+GROW_BACK_EXIT = 5
+
+
 def make_options(cls, given: dict, where: str):
     """`cls(**given)` for an options dataclass, refusing a key that is not one of its fields
     in one line naming what it accepts: a misspelt `bucket_m=` must not run with the default

@@ -12,9 +12,11 @@ import shlex
 import shutil
 import sys
 
+from psrt.env import grow_back_s
 from psrt.errors import ArgumentParser, PsrtError, cli_main
 from psrt.launch import cluster_cli
-from psrt.launch.hostfile import parse_hostfile, parse_hosts
+from psrt.launch.growback import telling
+from psrt.launch.hostfile import is_local, parse_hostfile, parse_hosts
 from psrt.launch.logs import keeping_logs
 from psrt.launch.mpi import check_ulfm, find_mpirun, mpi_flavour, resolve_program, run_job
 from psrt.launch.plan import FLAVOURS, ROOT, Request, plan_mpirun, plan_srun
@@ -163,8 +165,13 @@ def restarting(req, start, cores: int, args, env, probe=None) -> int:
     if probe is None:
         ssh = ssh_for(env)
         probe = lambda host: answers(host, ssh=ssh)   # noqa: E731
-    return run_restarting(req, start, cores, Policy(args.restarts, args.min_np), probe=probe,
-                          say=lambda line: _say([line]))
+    say, every = (lambda line: _say([line])), grow_back_s(env)
+    if args.in_job_recovery:     # no grow-back inside a job: a host back is said, in one line
+        remote = [h for h in req.hosts if not is_local(h.name)]
+        with telling(remote, probe, every, say):
+            return run_restarting(req, start, cores, Policy(args.restarts, args.min_np), probe=probe, say=say)
+    return run_restarting(req, start, cores, Policy(args.restarts, args.min_np), probe=probe, say=say,
+                          grow_every=every)
 
 
 if __name__ == "__main__":

@@ -305,7 +305,15 @@ def fail(host: str) -> None:
     asked the hosts before the link was down would find this one still answering."""
     _run(["ip", "-n", host, "link", "set", IFACE, "down"], f"taking {host}'s link down")
     out = _run(["ip", "netns", "pids", host], f"listing the processes of {host}")
-    kill({int(p) for p in out.stdout.split() if p.isdigit()} - {os.getpid()})
+    pids = {int(p) for p in out.stdout.split() if p.isdigit()} - {os.getpid()}
+    # All stopped first, then killed: the host's processes end together, and none outlives
+    # another long enough to say so (a shell there printing "Killed" for its child).
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            pass
+    kill(pids)
 
 
 def revive(host: str) -> None:

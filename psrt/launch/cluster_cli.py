@@ -48,7 +48,9 @@ def launch(req, flavour: str, mpirun: str, env, cores: int, args, dry_run: bool 
             job_env = {**env, **extra}
             p = planned(request, job_env) if extra else plan
             # mpirun runs on the first host of this attempt (a lost first host is left out)
-            return run_job(exec_argv(request.hosts[0].name, p.argv), {**job_env, **p.env},
+            # in-job: the agent mpirun calls holds a lost host's session as ssh would (scripts/netns_agent)
+            argv = (["env", "NETNS_AGENT_HOLD=1"] if request.in_job else []) + list(p.argv)
+            return run_job(exec_argv(request.hosts[0].name, argv), {**job_env, **p.env},
                            quiet_exit=flavour.startswith("openmpi"), logs=logs)
         if restarting is None:
             return start(req, {})

@@ -14,6 +14,9 @@ from psrt.errors import PsrtError
 from psrt.launch.logs import JobLogs, keeping_logs
 from psrt.launch.plan import in_job_flags
 
+# What the survivors of an in-job recovery print once all of them have finished.
+IN_JOB_DONE = "psrt.train: in-job recovery: every surviving rank has finished"
+
 
 def mpi_flavour(mpirun: str = "mpirun") -> str:
     """'openmpi4', 'openmpi5', 'mpich' or 'unknown', from `mpirun --version`."""
@@ -75,7 +78,7 @@ EXIT_BANNERS = ("Primary job  terminated normally, but", "Primary job terminated
                 "mpirun detected that one or more processes exited with non-zero status",
                 "MPI_ABORT was invoked on rank")
 NOISE = ("ORTE_ERROR_LOG", "more processes have sent help message", "more process has sent help message",
-         "to 0 to see all help / error messages", "NBC_Progress: an error")
+         "to 0 to see all help / error messages", "NBC_Progress: an error", "plm:ssh: Warning: setpgid(")
 _RULE = "-" * 74   # Open MPI frames each notice between two such lines
 
 
@@ -107,8 +110,14 @@ def drop_exit_banners(lines, write, keep=None) -> None:
 # for ever when a host it would tell is gone, so ABORT_GRACE_S after such a notice whatever
 # is left of the job is killed, and the launcher returns the abort's error code.
 # A psrt watchdog's report is followed by its MPI_Abort (code 3), whose notice may never come.
+# Open MPI 5's runtime (PRRTE 3.0) ends the whole job when it loses a host's daemon, and then
+# exits 0: its notice is a failure whatever the exit code says.  Under ULFM, when it does not
+# see the loss, it waits at the job's end for that daemon for ever: the survivors of an in-job
+# recovery say when they have all finished (psrt.train.in_job.leave), and the job is over.
 ENDINGS = {"MPI_ABORT was invoked on rank": 1, "ORTE has lost communication with a remote daemon": 1,
-           "abort is already in progress": 1, "psrt: watchdog: ": 3}
+           "PRTE has lost communication with a remote daemon": 1,
+           "A daemon failed to report back after being spawned": 1,
+           "abort is already in progress": 1, "psrt: watchdog: ": 3, IN_JOB_DONE: 0}
 ABORT_GRACE_S = 5.0
 # A rank's one-line error (psrt.errors / psrt.faults): the rank aborts the job right after it.
 # Seen on its own, the job is ending too: Open MPI 4.1 has lost its MPI_ABORT notice itself
@@ -302,6 +311,10 @@ def _supervise(proc, copier, ending: Ending) -> int:
             signal.signal(s, handler)
     if caught:
         return 128 + caught[0]
+    if ending.at is not None and 0 in (code, ending.code):
+        # a job seen to end badly did not succeed; one whose survivors all finished did, whatever
+        # the runtime says of the daemon it lost (a host that came back tells it on the way out)
+        return ending.code
     return 128 - code if code < 0 else code
 
 

@@ -155,11 +155,19 @@ def _check_hosts_resolve(req: Request, dry_run: bool) -> list[str]:
     return notes
 
 
-def in_job_flags(flavour: str, taken: tuple[str, ...]) -> list[str]:
+# The watchdog takes a rank silent this long for dead (psrt.watchdog.SILENT_S), or PSRT_TIMEOUT
+# if shorter; ULFM's own detector must find a lost host before it.
+WATCHDOG_SILENT_S = 30.0
+
+
+def in_job_flags(flavour: str, taken: tuple[str, ...], env=os.environ) -> list[str]:
     """mpirun's flags for --in-job-recovery: ULFM on, and the TCP path between all ranks,
     because Open MPI 5's shared-memory BTL does not report a dead peer (checked here: an
     MPI_Allreduce over it waits forever after a rank dies, over TCP it fails in 0.5 s with
-    MPI_ERR_PROC_FAILED).  A PsrtError where the MPI has no ULFM."""
+    MPI_ERR_PROC_FAILED).  And ULFM's heartbeat detector: a lost *host* closes no connection
+    (nothing crosses its dead link), so without heartbeats no survivor's call ever fails; its
+    timeout is half the watchdog's silence limit (at most ULFM's default, 10 s), so the
+    survivors recover before the watchdog ends the job.  A PsrtError where the MPI has no ULFM."""
     if flavour != "openmpi5":
         name = {"openmpi4": "Open MPI 4", "mpich": "MPICH"}.get(flavour, f"this MPI ({flavour})")
         raise PsrtError(f"--in-job-recovery: {name} cannot shrink a communicator after a rank is lost "
@@ -168,6 +176,13 @@ def in_job_flags(flavour: str, taken: tuple[str, ...]) -> list[str]:
     flags = ["--with-ft", "ulfm"]
     if not any(a.startswith("btl") for a in taken):
         flags += ["--mca", "btl", "tcp,self"]
+    limit = min(10.0, min(WATCHDOG_SILENT_S, psrt_env.get("PSRT_TIMEOUT", env)) / 2)
+    # its own thread sends the heartbeats: a rank whose Python holds the GIL a while (an import,
+    # a long step) is not taken for lost
+    for name, value in (("mpi_ft_detector", "true"), ("mpi_ft_detector_thread", "true"),
+                        ("mpi_ft_detector_timeout", f"{limit:g}"), ("mpi_ft_detector_period", f"{limit / 3:.3g}")):
+        if name not in taken:          # the user's own --extra-args "--mca NAME VALUE" wins
+            flags += ["--mca", name, value]
     return flags
 
 
@@ -186,7 +201,7 @@ def plan_mpirun(req: Request, flavour: str, mpirun: str, env, cores: int,
     notes = list(placement.notes) + _check_hosts_resolve(req, dry_run)
     values, names, env_notes = _exports(req, env, placement.threads)
     notes += env_notes
-    ulfm = in_job_flags(flavour, tuple(emulation) + req.extra) if req.in_job else []
+    ulfm = in_job_flags(flavour, tuple(emulation) + req.extra, env) if req.in_job else []
     if req.in_job:
         values["PSRT_IN_JOB_RECOVERY"] = "1"
         names = [n for n in names if n != "PSRT_IN_JOB_RECOVERY"]

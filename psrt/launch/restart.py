@@ -16,7 +16,9 @@ The policy here is the launchers' own: each passes `run_restarting` its probe (h
 ssh as mpirun reaches a host; the emulated cluster's agent; under srun a one-task step on a
 node of the allocation, psrt/launch/srun.py) and its `start` (mpirun, or a new srun step).
 
-A host that answers again (or a new one named in the hostfile) is back in at the next restart.
+A host that answers again (or a new one named in the hostfile) is back in at the next restart;
+while the job runs narrowed, a lost host that answers again asks for that restart itself, at
+the job's next checkpoint (a grow-back: psrt/launch/growback.py).
 What is not worth another try ends the run: a usage error (exit 2: the same flags would fail
 again), the user's own Ctrl-C or SIGTERM, too few ranks left (--min-np), or the launcher's own
 host gone.
@@ -33,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
-from psrt.errors import PsrtError, StorageError
+from psrt.errors import GROW_BACK_EXIT, PsrtError, StorageError
 from psrt.launch.hostfile import Host, is_local, slots_of
 
 PROBE_TIMEOUT_S = 10.0
@@ -110,22 +112,36 @@ def next_request(original, cores: int, policy: Policy, probe=answers, say=print)
 
 
 def run_restarting(req, start: Callable, cores: int, policy: Policy, probe=answers, say=print,
-                   precheck: Callable[[], None] | None = None) -> int:
+                   precheck: Callable[[], None] | None = None, grow_every: float = 0.0) -> int:
     """Run `start(req, env_extra) -> exit code`, and after each failure `next_request` and
     `start` again, at most policy.restarts times.  Returns the last exit code.
 
     `precheck()`, once the hosts have answered (a lost host's fate is known by then), raises
-    PsrtError when no restart can run whatever they said (under srun: the allocation is over)."""
+    PsrtError when no restart can run whatever they said (under srun: the allocation is over).
+    `grow_every` > 0: while a start runs on fewer hosts than `req`, the lost ones are asked that
+    often, and one that answers again widens the job at its next checkpoint (growback.py); such
+    a start again on every host does not count as a restart."""
     told = {"PSRT_RESTARTS": str(policy.restarts)} if policy.restarts else {}
-    code = start(req, told)
-    for attempt in range(1, policy.restarts + 1):
-        why_not = worth_retrying(code)
-        if why_not:
-            if code != 0:
-                say(f"not restarting: {why_not}")
-            return code
-        failed_at = time.time()
-        say(f"the job failed (exit {code}); restart {attempt} of {policy.restarts}: asking the hosts")
+    starts = failures = 0
+    code, grew = _start_watching(req, req, start, told, probe, grow_every, say)
+    while True:
+        failed_at = None
+        if grew and code == GROW_BACK_EXIT:
+            say(f"the job stopped at its checkpoint for the host(s) back; restart {starts + 1}: asking the hosts")
+        else:
+            if failures == policy.restarts:
+                if code != 0 and policy.restarts:
+                    say(f"giving up after {policy.restarts} restart(s) (exit {code})")
+                return code
+            why_not = worth_retrying(code)
+            if why_not:
+                if code != 0:
+                    say(f"not restarting: {why_not}")
+                return code
+            failures += 1
+            failed_at = time.time()
+            say(f"the job failed (exit {code}); restart {failures} of {policy.restarts}: asking the hosts")
+        starts += 1
         try:
             again = next_request(req, cores, policy, probe, say)
             if precheck is not None:
@@ -133,12 +149,21 @@ def run_restarting(req, start: Callable, cores: int, policy: Policy, probe=answe
         except PsrtError as err:
             say(f"not restarting: {err}")
             return code
-        say(f"restart {attempt}: {again.np} rank(s) on "
+        say(f"restart {starts}: {again.np} rank(s) on "
             f"{', '.join(h.name for h in again.hosts)}, from the last checkpoint")
-        code = start(again, {**told, "PSRT_RESTART_COUNT": str(attempt), "PSRT_FAILED_AT": f"{failed_at:.3f}"})
-    if code != 0 and policy.restarts:
-        say(f"giving up after {policy.restarts} restart(s) (exit {code})")
-    return code
+        extra = {**told, "PSRT_RESTART_COUNT": str(starts)}
+        if failed_at is not None:
+            extra["PSRT_FAILED_AT"] = f"{failed_at:.3f}"
+        code, grew = _start_watching(req, again, start, extra, probe, grow_every, say)
+
+
+def _start_watching(req, this, start: Callable, extra: dict, probe, grow_every: float, say) -> tuple[int, bool]:
+    """(exit code, whether a grow-back was asked) of `start(this, extra)`, the hosts of `req`
+    that `this` leaves out asked meanwhile every `grow_every` seconds (growback.asking)."""
+    from psrt.launch.growback import asking     # it uses survivors() above
+    with asking(req.hosts, this.hosts, probe, grow_every, say) as ask:
+        code = start(this, {**extra, **ask["env"]})
+    return code, ask["asked"]
 
 
 def ssh_for(env) -> str:

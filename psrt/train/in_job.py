@@ -72,6 +72,11 @@ def refusal(dp: str, grid: bool, precision: str, why_not_ulfm: str | None, check
     return None
 
 
+# Whether this process speaks for the survivors of a recovery of this job (their rank 0): it
+# says, when leaving, that they have all finished (`leave`).
+_SPEAKS_FOR_SURVIVORS = [False]
+
+
 class InJob:
     """One strategy's in-job recovery: the in-memory commits, the shrink, what to say.
 
@@ -108,6 +113,7 @@ class InJob:
         # the World alone (psrt.world.init starts no watchdog): the loop starts the survivors'
         survivors = init(comm=shrunk, export_env=False)
         shrunk.Free()
+        _SPEAKS_FOR_SURVIVORS[0] = survivors.rank == 0
         self.count += 1
         self._pending = {"error": err, "seen": seen, "from": world.size}
         return survivors
@@ -169,7 +175,14 @@ def leave(code: int = 0) -> None:
     8 ranks, 4 of them killed: every survivor's main thread in ompi_mpi_finalize ->
     opal_progress; with 3 ranks, 1 killed, it returned), and nothing is left to communicate:
     the run's last collective and the watchdog's farewell have made every survivor wait for
-    every other."""
+    every other.
+
+    After a recovery the survivors' rank 0 says that they have all finished: when the lost
+    ranks' host is gone, Open MPI 5's runtime waits at the job's end for its daemon there for
+    ever, and mpi_launch ends the job on that line (psrt.launch.mpi.ENDINGS)."""
+    if _SPEAKS_FOR_SURVIVORS[0]:
+        from psrt.launch.mpi import IN_JOB_DONE
+        print(IN_JOB_DONE, file=sys.stderr, flush=True)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -10,6 +10,10 @@ the run (at most 5% of it is computed twice after a failure).  The lead worker n
 finished step next to the checkpoint (FILE.step, a few bytes, not synced: it only tells how
 many steps a failure cost), and on the first step after a restart prints what the recovery
 cost: the steps done again and the time from the failure to that step.
+
+While the job runs on fewer hosts than it was given, the launcher may ask it to stop at its
+next checkpoint, for a host that answers again (a grow-back: psrt/launch/growback.py):
+`stop_if_asked` after each periodic checkpoint.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import sys
 import time
 
 from psrt import env
+from psrt.errors import GROW_BACK_EXIT
 
 SHARE = 20      # checkpoints per run when restarts are allowed and no --checkpoint-every is given
 
@@ -83,3 +88,16 @@ class Recovery:
         if self.reached is not None:
             extra["steps_lost"] = max(0, self.reached - (step - 1))
         return extra
+
+
+def stop_if_asked(ctl, step: int, lead: bool) -> None:
+    """After the checkpoint of `step`: end every rank with exit GROW_BACK_EXIT when the launcher
+    asked for a grow-back (rank 0 looks for its file, PSRT_GROW_FILE, and tells the others)."""
+    path = env.grow_file()
+    if not path or not ctl.bcast(os.path.exists(path) if ctl.rank == 0 else None, root=0):
+        return
+    if lead:
+        print(f"psrt.train: stopping after the checkpoint of step {step}: a lost host answers again, "
+              "and the job starts again on every host from there", file=sys.stderr, flush=True)
+    ctl.Barrier()       # every rank has seen the request before any leaves
+    raise SystemExit(GROW_BACK_EXIT)

@@ -18,7 +18,8 @@ GOOD = {"PSRT_TIMEOUT": ("12.5", 12.5), "PSRT_CHECK": ("all", "all"), "PSRT_CUDA
         "PSRT_MPI_LOG": ("/tmp/psrt-logs-0/j/mpi.log", "/tmp/psrt-logs-0/j/mpi.log"),
         "PSRT_LOG_DIR": ("/var/tmp/psrt-logs", "/var/tmp/psrt-logs"), "PSRT_RESTARTS": ("2", 2),
         "PSRT_RESTART_COUNT": ("1", 1), "PSRT_FAILED_AT": ("1795685427.96", 1795685427.96),
-        "PSRT_IN_JOB_RECOVERY": ("1", True), "PSRT_KILL_AT": ("2,3:31", ((2, 3), 31)),
+        "PSRT_IN_JOB_RECOVERY": ("1", True), "PSRT_GROW_BACK_S": ("0.5", 0.5),
+        "PSRT_GROW_FILE": ("/tmp/psrt-grow-back-x/request", "/tmp/psrt-grow-back-x/request"), "PSRT_KILL_AT": ("2,3:31", ((2, 3), 31)),
         "PSRT_FAULT": ("kill:1:checkpoint:6;stop:0,2:step:3:7.5@1",
                        (("kill", (1,), "checkpoint", 6, 0.0, 0), ("stop", (0, 2), "step", 3, 7.5, 1)))}
 BAD = {"PSRT_TIMEOUT": ["-3", "0", "soon", "inf"], "PSRT_CHECK": ["most"], "PSRT_CUDA_AWARE": ["yes", "2"],
@@ -26,7 +27,7 @@ BAD = {"PSRT_TIMEOUT": ["-3", "0", "soon", "inf"], "PSRT_CHECK": ["most"], "PSRT
        "PSRT_RING_SEGMENT": ["0", "4MiB", "-1"], "PSRT_TRACEBACK": ["true"],
        "PSRT_YIELD": ["yes"], "PSRT_ALGORITHM": ["torch", "fast"], "PSRT_HOSTS": ["0,a", "1;2", "-1"],
        "PSRT_RESTARTS": ["-1", "two"], "PSRT_RESTART_COUNT": ["-1"], "PSRT_FAILED_AT": ["soon"],
-       "PSRT_IN_JOB_RECOVERY": ["yes"], "PSRT_KILL_AT": ["2", "a:1", "1:0", ":4"],
+       "PSRT_IN_JOB_RECOVERY": ["yes"], "PSRT_GROW_BACK_S": ["-1", "often", "inf"], "PSRT_KILL_AT": ["2", "a:1", "1:0", ":4"],
        "PSRT_FAULT": ["kill:1:step", "burn:1:step:3", "kill:1:lunch:3", "kill:x:step:3", "stop:1:step:3:0",
                       "kill:1:step:3@", "kill:1:step:-1"]}
 

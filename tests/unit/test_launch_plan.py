@@ -374,6 +374,16 @@ def test_in_job_recovery_turns_ulfm_on_under_open_mpi_5_and_is_refused_elsewhere
     kept = L.plan_mpirun(req("localhost:2", 2, in_job=True, extra=("--mca", "btl", "self,tcp")), "openmpi5",
                          "mpirun", {}, 2)
     assert kept.argv.count("--mca") == p.argv.count("--mca") and "self,tcp" in kept.argv
+    # ULFM's heartbeats find a lost host, within half the watchdog's silence limit (at most 10 s)
+    flags = " ".join(p.argv)
+    assert ("--mca mpi_ft_detector true --mca mpi_ft_detector_thread true --mca mpi_ft_detector_timeout 10 "
+            "--mca mpi_ft_detector_period 3.33" in flags)
+    short = " ".join(L.plan_mpirun(req("localhost:2", 2, in_job=True), "openmpi5", "mpirun",
+                                   {"PSRT_TIMEOUT": "8"}, 2).argv)
+    assert "mpi_ft_detector_timeout 4 --mca mpi_ft_detector_period 1.33" in short
+    own = L.plan_mpirun(req("localhost:2", 2, in_job=True, extra=("--mca", "mpi_ft_detector_timeout", "2")),
+                        "openmpi5", "mpirun", {}, 2).argv
+    assert own.count("mpi_ft_detector_timeout") == 1 and "mpi_ft_detector_period" in own
     for flavour in ("openmpi4", "mpich"):
         with pytest.raises(PsrtError) as err:
             L.plan_mpirun(req("localhost:2", 2, in_job=True), flavour, "mpirun", {}, 2)

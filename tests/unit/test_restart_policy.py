@@ -141,6 +141,56 @@ def test_restart_loop_tells_the_ranks_and_a_returning_host_is_back_in():
     assert any("not answering: node1" in s for s in said)
 
 
+def test_a_lost_host_that_answers_again_widens_the_job_without_using_a_restart():
+    """The narrowed start is told of a file (PSRT_GROW_FILE) that appears once the lost host
+    answers again; the job's exit 5 then starts it on both hosts, though the one restart
+    allowed is spent.  Exit 5 without that request is a failure like any other."""
+    starts, said = [], []
+    answering = {"now": {"node0", "node1"}}
+
+    def start(req, extra):
+        starts.append((req.np, dict(extra)))
+        if len(starts) == 1:               # node1 lost: the job fails
+            answering["now"] = {"node0"}
+            return 3
+        if len(starts) == 2:               # narrowed: node1 comes back, the launcher asks, the job stops
+            answering["now"] = {"node0", "node1"}
+            deadline = time.monotonic() + 10
+            while not os.path.exists(extra["PSRT_GROW_FILE"]) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return 5
+        return 0
+    code = run_restarting(_req(), start, cores=2, policy=Policy(1), probe=lambda h: h in answering["now"],
+                          say=said.append, grow_every=0.02)
+    assert code == 0, said
+    assert [n for n, _ in starts] == [8, 4, 8]
+    assert "PSRT_GROW_FILE" not in starts[0][1] and "PSRT_GROW_FILE" not in starts[2][1]
+    assert starts[2][1]["PSRT_RESTART_COUNT"] == "2" and "PSRT_FAILED_AT" not in starts[2][1]
+    assert not os.path.exists(os.path.dirname(starts[1][1]["PSRT_GROW_FILE"]))     # removed afterwards
+    assert "node1 answer(s) again: asking the job to stop at its next checkpoint, to start again on every host" in said
+    codes = iter([3, 5])
+    said.clear()
+    assert run_restarting(_req(), lambda r, e: next(codes), 2, Policy(1), probe=lambda h: h == "node0",
+                          say=said.append, grow_every=0.02) == 5
+    assert said[-1] == "giving up after 1 restart(s) (exit 5)"
+
+
+def test_under_in_job_recovery_a_host_back_is_said_in_one_line():
+    from psrt.launch.growback import telling
+    said, answering = [], {"now": True}
+    with telling(parse_hosts("node1"), lambda h: answering["now"], 0.02, said.append):
+        time.sleep(0.1)
+        answering["now"] = False           # lost, then back
+        time.sleep(0.1)
+        answering["now"] = True
+        deadline = time.monotonic() + 10
+        while not said and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert said == ["node1 answer(s) again: under --in-job-recovery the job cannot widen to it (ULFM adds no "
+                    "ranks) and goes on narrowed, until Open MPI 5's runtime hears from that host and ends the "
+                    "job (--restarts N then starts it again on every host from the last checkpoint)"]
+
+
 def test_usage_errors_and_exhausted_restarts_stop():
     said = []
     assert run_restarting(_req(), lambda r, e: 2, 2, Policy(3), probe=lambda h: True, say=said.append) == 2
@@ -183,6 +233,23 @@ def test_a_launcher_hung_after_a_rank_error_without_a_notice_is_ended(monkeypatc
     assert code == 1 and 0.9 <= time.monotonic() - t0 < 20
     quick = "import sys; sys.stderr.write('[rank 0] psrt.train: error: --lr 0: must be positive\\n'); sys.exit(2)"
     assert mpi.run_job([sys.executable, "-c", quick], dict(os.environ), quiet_exit=True) == 2
+
+
+def test_open_mpi_5_losing_a_daemon_is_a_failure_and_an_in_job_end_is_not_waited_for(monkeypatch):
+    """Open MPI 5's runtime ends a job that lost a host's daemon and exits 0: the launcher returns
+    1.  One that waits for such a daemon after the survivors of an in-job recovery have finished
+    is ended ABORT_GRACE_S after their line, with exit 0, as is one that fails on its way out
+    after that line (the lost host back: its daemon's connection refused)."""
+    monkeypatch.setattr(mpi, "ABORT_GRACE_S", 0.3)
+    lost = "import sys; sys.stderr.write('A daemon failed to report back after being spawned. This could\\n')"
+    assert mpi.run_job([sys.executable, "-c", lost], dict(os.environ), quiet_exit=True) == 1
+    done = f"import sys, time; sys.stderr.write({mpi.IN_JOB_DONE!r} + '\\n'); sys.stderr.flush(); time.sleep(60)"
+    t0 = time.monotonic()
+    assert mpi.run_job([sys.executable, "-c", done], dict(os.environ), quiet_exit=True) == 0
+    assert time.monotonic() - t0 < 20
+    late = done.replace("time.sleep(60)", "sys.stderr.write('PRTE has lost communication with a remote daemon.\\n'); "
+                        "sys.exit(1)")
+    assert mpi.run_job([sys.executable, "-c", late], dict(os.environ), quiet_exit=True) == 0
 
 
 def _write_forever(path: str, base: int) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from psrt.train import checkpoint
 from psrt.train.events import Callback
-from psrt.train.recovery import interval
+from psrt.train.recovery import interval, stop_if_asked
 
 
 class Checkpoints(Callback):
@@ -24,6 +24,7 @@ class Checkpoints(Callback):
     def on_step_end(self, run, stats) -> None:
         if run.step in self.saves:
             self.save(run, run.step)
+            stop_if_asked(run.ctl, run.step, run.is_lead)     # a grow-back asked by the launcher
 
     def on_evaluate(self, run, model) -> None:
         if run.cfg.checkpoint:           # the final one, after the strategy has finished

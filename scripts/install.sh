@@ -37,7 +37,7 @@ if ! "$PYTHON" -c 'from mpi4py import MPI; import sys; sys.exit("Open MPI v4" no
     MPICC=/usr/bin/mpicc "$PYTHON" -m pip install -q --force-reinstall --no-binary mpi4py --no-deps "mpi4py>=4.1,<5"
 fi
 
-if ! "$PYTHON" -c 'import psrt, pytest, sklearn, matplotlib, expecttest, tensorboard' 2>/dev/null; then
+if ! "$PYTHON" -c 'import psrt, pytest, xdist, sklearn, matplotlib, expecttest, tensorboard' 2>/dev/null; then
     say "psrt (editable) with its test extras"
     "$PYTHON" -m pip install -q -e '.[test]'
 fi

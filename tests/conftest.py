@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,8 @@ def pytest_collection_finish(session):
 
 
 def pytest_unconfigure(config):
+    while _LOCKS:
+        shutil.rmtree(_LOCKS.pop(), ignore_errors=True)
     while _FORK_SERVER:
         _FORK_SERVER.pop().close()
 
@@ -64,12 +67,24 @@ def rank_argv(args: list[str], warm: bool = True) -> list[str]:
 
 
 # --- tests side by side (pytest-xdist, scripts/test.sh) -------------------------------------------
-# The tests that make emulated hosts (network namespaces, mounts, Slurm daemons), look at the
-# whole machine's namespaces, or time links run one after another in one group, on one worker:
-# another test's hosts would show up in their checks, or its load in their figures.
-ONE_AT_A_TIME = ("tests/netns/", "tests/mpi/test_launch.py", "tests/mpi/test_bench_suite.py",
-                 "tests/mpi/test_cpu_bound.py", "tests/mpi/test_profile_runs.py", "tests/mpi/test_docs.py",
-                 "tests/mpi/test_bad_inputs.py")
+# The tests that make emulated hosts (network namespaces, mounts, Slurm daemons) or look at the
+# whole machine's namespaces run one after another in one group, on one worker: another test's
+# hosts would collide with theirs (hostfiles name the same hosts) or show up in their checks.
+ONE_AT_A_TIME = ("tests/netns/",)
+EMULATING = ("--emulate", "psrt.cluster", "psrt.bench network", "psrt.bench scaling --quick", "psrt.bench recovery",
+             "psrt.bench chaos")
+
+
+def _group(nodeid: str) -> str:
+    path, _, rest = nodeid.partition("::")
+    if path.startswith(ONE_AT_A_TIME):
+        return "hosts"
+    if path == "tests/mpi/test_docs.py" and "[" in rest:
+        # a documented command: its page is a group (a block may use what an earlier block of
+        # the page made), with the hosts when the page emulates any
+        page = ROOT / rest.split("[", 1)[1].rsplit(":", 1)[0]
+        return "hosts" if any(word in page.read_text() for word in EMULATING) else f"{path}:{page.name}"
+    return path
 
 
 def _group_for_workers(config, items) -> None:
@@ -78,11 +93,45 @@ def _group_for_workers(config, items) -> None:
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:
-        path = item.nodeid.split("::")[0]
-        group = "hosts" if path.startswith(ONE_AT_A_TIME) else path
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group(_group(item.nodeid)))
 
 
+_LOCKS: list[str] = []     # the folder of the workers' locks, made by the process that starts them
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    if not _LOCKS:
+        _LOCKS.append(tempfile.mkdtemp(prefix="psrt-tests-"))
+    node.workerinput["psrt_locks"] = _LOCKS[0]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test marked `alone` (timings of emulated links) has the machine to itself: it waits for
+    the other workers' tests to end, and they wait for it (an exclusive flock(2) against the
+    shared one every other test holds; a turnstile keeps a waiting `alone` test from starving)."""
+    folder = getattr(item.config, "workerinput", {}).get("psrt_locks")
+    if folder is None:
+        yield
+        return
+    import fcntl
+    base = os.path.join(folder, "machine")
+    alone = item.get_closest_marker("alone") is not None
+    with open(base + ".turnstile", "a") as gate, open(base + ".lock", "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        if not alone:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if alone:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(tryfirst=True)     # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     _group_for_workers(config, items)
     if not config.getoption("--quick"):

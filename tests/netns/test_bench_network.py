@@ -10,6 +10,9 @@ import pytest
 
 from psrt.bench.suite import netns_ok
 
+# link timings: the machine to itself while they run (tests/conftest.py, `alone`)
+pytestmark = pytest.mark.alone
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

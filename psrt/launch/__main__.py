@@ -20,7 +20,8 @@ from psrt.launch.hostfile import is_local, parse_hostfile, parse_hosts
 from psrt.launch.logs import keeping_logs
 from psrt.launch.mpi import check_ulfm, find_mpirun, mpi_flavour, resolve_program, run_job
 from psrt.launch.plan import FLAVOURS, ROOT, Request, plan_mpirun, plan_srun
-from psrt.launch.restart import Policy, answers, run_restarting, ssh_for
+from psrt.launch.probe import answers
+from psrt.launch.restart import Policy, run_restarting, ssh_for
 from psrt.launch.srun import run_restarting_srun
 
 DEFAULT_HOSTFILE = ROOT / "hostfiles" / "localhost"

@@ -17,7 +17,7 @@ from psrt.launch.hostfile import parse_hostfile, parse_hosts
 from psrt.launch.logs import keeping_logs
 from psrt.launch.mpi import find_mpirun, mpi_flavour, run_job
 from psrt.launch.plan import plan_mpirun
-from psrt.launch.restart import answers
+from psrt.launch.probe import answers
 
 
 # --- entry points -----------------------------------------------------------------------------

@@ -27,7 +27,7 @@ import threading
 from contextlib import contextmanager
 from typing import Callable
 
-from psrt.launch.restart import survivors
+from psrt.launch.probe import survivors
 
 IN_JOB_LINE = ("{hosts} answer(s) again: under --in-job-recovery the job cannot widen to it (ULFM adds no "
                "ranks) and goes on narrowed, until Open MPI 5's runtime hears from that host and ends the job "

@@ -29,40 +29,18 @@ import dataclasses
 import os
 import shutil
 import signal
-import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
 from psrt.errors import GROW_BACK_EXIT, PsrtError, StorageError
-from psrt.launch.hostfile import Host, is_local, slots_of
+from psrt.launch.growback import asking
+from psrt.launch.hostfile import slots_of
+from psrt.launch.probe import answers, survivors
 
-PROBE_TIMEOUT_S = 10.0
 USAGE_ERROR = 2                 # PsrtError.exit_code: the same command fails the same way
 STORAGE_ERROR = StorageError.exit_code               # StorageError.exit_code: a write refused (a full disk)
 STOPPED_BY_USER = {128 + s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-
-
-def answers(host: str, timeout: float = PROBE_TIMEOUT_S, ssh: str = "ssh") -> bool:
-    """Whether `host` can start a process now: `ssh HOST true` (batch mode, no password
-    prompt), which is how Open MPI and MPICH start their daemons there.  This machine always
-    answers."""
-    if is_local(host):
-        return True
-    argv = [ssh, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, int(timeout))}", host, "true"]
-    try:
-        return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, timeout=timeout).returncode == 0
-    except (subprocess.TimeoutExpired, OSError):
-        return False
-
-
-def survivors(hosts: tuple[Host, ...], probe: Callable[[str], bool] = answers) -> tuple[Host, ...]:
-    """The hosts that answer, in hostfile order (asked at once: a dead host costs one timeout)."""
-    with ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts)))) as pool:
-        alive = list(pool.map(probe, [h.name for h in hosts]))
-    return tuple(h for h, ok in zip(hosts, alive) if ok)
 
 
 @dataclass(frozen=True)
@@ -160,7 +138,6 @@ def run_restarting(req, start: Callable, cores: int, policy: Policy, probe=answe
 def _start_watching(req, this, start: Callable, extra: dict, probe, grow_every: float, say) -> tuple[int, bool]:
     """(exit code, whether a grow-back was asked) of `start(this, extra)`, the hosts of `req`
     that `this` leaves out asked meanwhile every `grow_every` seconds (growback.asking)."""
-    from psrt.launch.growback import asking     # it uses survivors() above
     with asking(req.hosts, this.hosts, probe, grow_every, say) as ask:
         code = start(this, {**extra, **ask["env"]})
     return code, ask["asked"]

@@ -26,7 +26,8 @@ from psrt.launch.hostfile import Host
 from psrt.launch.logs import keeping_logs
 from psrt.launch.mpi import run_job
 from psrt.launch.plan import plan_srun
-from psrt.launch.restart import PROBE_TIMEOUT_S, Policy, run_restarting
+from psrt.launch.probe import PROBE_TIMEOUT_S
+from psrt.launch.restart import Policy, run_restarting
 
 WHERE = "SLURM_JOB_NODELIST"
 _CPUS = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")

@@ -46,6 +46,10 @@ class StorageError(PsrtError):
 # again to a host it had lost (a grow-back, psrt/launch/growback.py): not a failure.
 GROW_BACK_EXIT = 5
 
+# What the survivors of an in-job recovery print once all of them have finished: the launcher
+# ends the job on it (Open MPI 5's runtime would wait for a lost host's daemon for ever).
+IN_JOB_DONE = "psrt.train: in-job recovery: every surviving rank has finished"
+
 
 def make_options(cls, given: dict, where: str):
     """`cls(**given)` for an options dataclass, refusing a key that is not one of its fields

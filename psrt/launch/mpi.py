@@ -10,12 +10,10 @@ import sys
 import threading
 import time
 
-from psrt.errors import PsrtError
+from psrt.errors import IN_JOB_DONE, PsrtError
 from psrt.launch.logs import JobLogs, keeping_logs
 from psrt.launch.plan import in_job_flags
 
-# What the survivors of an in-job recovery print once all of them have finished.
-IN_JOB_DONE = "psrt.train: in-job recovery: every surviving rank has finished"
 
 
 def mpi_flavour(mpirun: str = "mpirun") -> str:

@@ -39,6 +39,7 @@ import sys
 import time
 from collections import deque
 
+from psrt.errors import IN_JOB_DONE
 from psrt.world import init, revoke
 
 # Every rank holds the whole model and optimizer state and the gradients travel through MPI.
@@ -181,7 +182,6 @@ def leave(code: int = 0) -> None:
     ranks' host is gone, Open MPI 5's runtime waits at the job's end for its daemon there for
     ever, and mpi_launch ends the job on that line (psrt.launch.mpi.ENDINGS)."""
     if _SPEAKS_FOR_SURVIVORS[0]:
-        from psrt.launch.mpi import IN_JOB_DONE
         print(IN_JOB_DONE, file=sys.stderr, flush=True)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -15,7 +15,7 @@ import pytest
 
 from psrt.bench.recovery import _diff_to_reference, _env, _train_args
 from psrt.launch.cluster import fail
-from psrt.launch.mpi import IN_JOB_DONE
+from psrt.errors import IN_JOB_DONE
 from test_cluster import needs_openmpi, netns
 from test_growback import launched, two_hosts, wait_for
 

@@ -7,13 +7,13 @@ import multiprocessing
 import os
 import random
 import signal
-import subprocess
 import sys
 import time
 
 import pytest
 import torch
 
+from psrt.errors import IN_JOB_DONE
 from psrt.launch import mpi
 from psrt.launch.hostfile import parse_hosts
 from psrt.launch.plan import Request, plan_srun
@@ -243,7 +243,7 @@ def test_open_mpi_5_losing_a_daemon_is_a_failure_and_an_in_job_end_is_not_waited
     monkeypatch.setattr(mpi, "ABORT_GRACE_S", 0.3)
     lost = "import sys; sys.stderr.write('A daemon failed to report back after being spawned. This could\\n')"
     assert mpi.run_job([sys.executable, "-c", lost], dict(os.environ), quiet_exit=True) == 1
-    done = f"import sys, time; sys.stderr.write({mpi.IN_JOB_DONE!r} + '\\n'); sys.stderr.flush(); time.sleep(60)"
+    done = f"import sys, time; sys.stderr.write({IN_JOB_DONE!r} + '\\n'); sys.stderr.flush(); time.sleep(60)"
     t0 = time.monotonic()
     assert mpi.run_job([sys.executable, "-c", done], dict(os.environ), quiet_exit=True) == 0
     assert time.monotonic() - t0 < 20

@@ -303,7 +303,7 @@ def check_name(field_name: str, value: str, builtin: tuple[str, ...]) -> None:
 
 def check_paths(cfg: TrainConfig) -> None:
     """Fail before training, not after it, when an output cannot be written: its directory
-    must exist and take a new file (a read-only one, or one on a read-only file system, is
+    (made if missing) must take a new file (a read-only one, or one on a read-only file system, is
     refused now rather than at the first checkpoint or the final save)."""
     for name in ("metrics", "trace", "save", "checkpoint", "tensorboard"):
         path = getattr(cfg, name)
@@ -315,7 +315,12 @@ def check_paths(cfg: TrainConfig) -> None:
                 raise PsrtError(f"--tensorboard {path}: is a file, expected a directory", everywhere=True)
             directory = path if os.path.isdir(path) else directory
         if not os.path.isdir(directory):
-            raise PsrtError(f"{flag(name)} {path}: directory {directory} does not exist", everywhere=True)
+            # made as `mkdir -p` would (a fresh checkout has no out/), before the first step
+            try:
+                os.makedirs(directory, exist_ok=True)
+            except OSError as err:
+                raise PsrtError(f"{flag(name)} {path}: cannot make directory {directory} "
+                                f"({err.strerror or err})", everywhere=True) from None
         if name != "tensorboard" and os.path.isdir(path):
             raise PsrtError(f"{flag(name)} {path}: is a directory, expected a file name", everywhere=True)
         why = unwritable(directory)

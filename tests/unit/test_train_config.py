@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 
 from psrt.errors import PsrtError
-from psrt.train.config import TrainConfig, build_parser, flag, parse_args, plan_batch
+from psrt.train.config import TrainConfig, build_parser, check_paths, flag, parse_args, plan_batch
 
 
 def test_every_field_is_a_flag_with_help():
@@ -110,3 +110,13 @@ def test_a_batch_or_layout_that_cannot_work_is_refused_before_training(argv, siz
     with pytest.raises(PsrtError) as err:
         plan_batch(parse_args(argv.split()), size)
     assert words in str(err.value) and err.value.everywhere
+
+
+def test_an_output_directory_that_is_missing_is_made_before_the_first_step(tmp_path):
+    """`--trace out/trace.json` in a fresh checkout (no out/ yet) works, as `mkdir -p` would;
+    a directory that cannot be made is one line naming it."""
+    wanted = tmp_path / "out" / "runs" / "trace.json"
+    check_paths(dataclasses.replace(TrainConfig(), trace=str(wanted), metrics=str(tmp_path / "m" / "m.jsonl")))
+    assert wanted.parent.is_dir() and (tmp_path / "m").is_dir() and not wanted.exists()
+    with pytest.raises(PsrtError, match=r"^--save /proc/psrt-none/x\.pt: cannot make directory /proc/psrt-none \("):
+        check_paths(dataclasses.replace(TrainConfig(), save="/proc/psrt-none/x.pt"))

@@ -75,15 +75,17 @@ EMULATING = ("--emulate", "psrt.cluster", "psrt.bench network", "psrt.bench scal
              "psrt.bench chaos")
 
 
-def _group(nodeid: str) -> str:
-    path, _, rest = nodeid.partition("::")
+def _group(item) -> str:
+    path = item.nodeid.partition("::")[0]
     if path.startswith(ONE_AT_A_TIME):
         return "hosts"
-    if path == "tests/mpi/test_docs.py" and "[" in rest:
-        # a documented command: its page is a group (a block may use what an earlier block of
-        # the page made), with the hosts when the page emulates any
-        page = ROOT / rest.split("[", 1)[1].rsplit(":", 1)[0]
-        return "hosts" if any(word in page.read_text() for word in EMULATING) else f"{path}:{page.name}"
+    block = getattr(getattr(item, "callspec", None), "params", {}).get("block")
+    if path == "tests/mpi/test_docs.py" and block is not None:
+        # a documented block: with the hosts when it emulates any, else its page's group (a
+        # block may use what an earlier block of its page made)
+        if any(word in block.body for word in EMULATING):
+            return "hosts"
+        return f"{path}:{block.where.rsplit(':', 1)[0]}"
     return path
 
 
@@ -93,7 +95,7 @@ def _group_for_workers(config, items) -> None:
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item.nodeid)))
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
 
 
 _LOCKS: list[str] = []     # the folder of the workers' locks, made by the process that starts them

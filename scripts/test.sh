@@ -10,7 +10,7 @@ export OMPI_MCA_rmaps_base_oversubscribe=1 PRTE_MCA_rmaps_default_mapping_policy
 # Side by side on PSRT_TEST_WORKERS workers (pytest-xdist; tests/conftest.py says which tests
 # share a worker): most of a multi-rank test's time is spent waiting (timeouts, Slurm's
 # heartbeats, a rank's start), which another worker's test fills.  `-n 0` runs them one by one.
-WORKERS=${PSRT_TEST_WORKERS:-4}
+WORKERS=${PSRT_TEST_WORKERS:-3}
 SIDE=()
 if [ "$WORKERS" -gt 1 ] && "$PYTHON" -c 'import xdist' 2>/dev/null; then
     SIDE=(-n "$WORKERS" --dist loadgroup)

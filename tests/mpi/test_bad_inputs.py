@@ -73,7 +73,9 @@ CASES = [
     ("train-algorithm-nccl-np2", py(*TRAIN, "--dp", "ring", "--algorithm", "nccl"), "algorithm 'nccl'", 2,
      None),
     # --- psrt.train: files
-    ("train-save-no-dir", py(*TRAIN, "--save", "{tmp}/no/such/x.pt"), "--save {tmp}/no/such/x.pt", 0, None),
+    # a missing directory is made (mkdir -p); one that cannot be made (nothing is made in /proc) is refused
+    ("train-save-no-dir", py(*TRAIN, "--save", "/proc/psrt-no/such/x.pt"),
+     "--save /proc/psrt-no/such/x.pt: cannot make directory /proc/psrt-no/such", 0, None),
     ("train-metrics-is-dir", py(*TRAIN, "--metrics", "{tmp}"), "--metrics", 0, None),
     ("train-resume-no-checkpoint-flag", py(*TRAIN, "--resume"), "--resume needs --checkpoint", 0, None),
     ("train-checkpoint-every-no-file", py(*TRAIN, "--checkpoint-every", "2"), "--checkpoint-every", 0, None),

@@ -71,8 +71,14 @@ def rank_argv(args: list[str], warm: bool = True) -> list[str]:
 # whole machine's namespaces run one after another in one group, on one worker: another test's
 # hosts would collide with theirs (hostfiles name the same hosts) or show up in their checks.
 ONE_AT_A_TIME = ("tests/netns/",)
-EMULATING = ("--emulate", "psrt.cluster", "psrt.bench network", "psrt.bench scaling --quick", "psrt.bench recovery",
-             "psrt.bench chaos")
+EMULATING = ("--emulate", "psrt.cluster", "psrt.bench network", "psrt.bench recovery", "psrt.bench chaos")
+
+
+def _emulates(commands: str) -> bool:
+    """Whether documented commands make emulated hosts (`psrt.bench scaling` does unless it
+    only predicts)."""
+    return any(word in line or ("psrt.bench scaling" in line and "--predict" not in line)
+               for line in commands.splitlines() for word in EMULATING)
 
 
 def _group(item) -> str:
@@ -83,7 +89,7 @@ def _group(item) -> str:
     if path == "tests/mpi/test_docs.py" and block is not None:
         # a documented block: with the hosts when it emulates any, else its page's group (a
         # block may use what an earlier block of its page made)
-        if any(word in block.body for word in EMULATING):
+        if _emulates(block.body):
             return "hosts"
         return f"{path}:{block.where.rsplit(':', 1)[0]}"
     return path

@@ -1,6 +1,7 @@
 """Shared fixtures: run a script on N ranks under mpirun and collect what each rank reports."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -123,7 +124,6 @@ def pytest_runtest_protocol(item, nextitem):
     if folder is None:
         yield
         return
-    import fcntl
     base = os.path.join(folder, "machine")
     alone = item.get_closest_marker("alone") is not None
     with open(base + ".turnstile", "a") as gate, open(base + ".lock", "a") as lock:

@@ -161,6 +161,21 @@ def test_fast_flags():
     assert fast("printf 'a = 1\\n' > out/lab.toml") == "printf 'a = 1\\n' > out/lab.toml"
 
 
+def _operators(line: str) -> list[str]:
+    """The shell operators of a command line (comments left out)."""
+    lex = shlex.shlex(line, posix=True, punctuation_chars=True)
+    return [word for word in lex if word and set(word) <= set("();<>|&")]
+
+
+def test_a_command_made_fast_has_no_shell_operator():
+    """fast() re-quotes a command whose flags it changes, so a redirection or a pipe there
+    would reach the program as an argument: no such command is documented."""
+    assert _operators("printf 'a' > out/x  # b; c") == [">"]
+    quoted = [f"{b.where}: {c.line}" for b in RUN for c in b.commands()
+              if fast(c.line) != c.line and _operators(c.line)]
+    assert not quoted, quoted
+
+
 def _steps(line: str) -> int | None:
     words = shlex.split(line, comments=True)
     return int(words[words.index("--steps") + 1]) if "--steps" in words else None

@@ -13,6 +13,7 @@ are staged through pinned host buffers.
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 
 import numpy as np
@@ -133,28 +134,75 @@ def mpi_op(op: str, dtype: torch.dtype):
 def cuda_aware() -> bool:
     """Whether CUDA buffers can be handed to MPI directly.
 
-    PSRT_CUDA_AWARE=1/0 decides if set; otherwise ask the library (MPIX_Query_cuda_support
-    through mpi4py where available, else Open MPI's build flag via ompi_info).
+    PSRT_CUDA_AWARE=1/0 decides if set; otherwise ask the library (`cuda_support`).
     """
     forced = env.cuda_aware()
     return _library_cuda_aware() if forced is None else forced
 
 
-@functools.lru_cache(maxsize=1)
 def _library_cuda_aware() -> bool:
+    return cuda_support()[0]
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_support() -> tuple[bool, str]:
+    """(whether the MPI library takes CUDA buffers, how that was learnt), asked once.
+
+    MPIX_Query_cuda_support is the run-time answer of Open MPI (mpi-ext.h), MPICH and Intel
+    MPI (with I_MPI_OFFLOAD=1): 1 only when the library was built for CUDA *and* can use it
+    now.  mpi4py 4.1 wraps it only in some builds, so it is called through ctypes on the
+    libmpi this process loaded.  An MPI without it: Open MPI's build flag (ompi_info).
+    """
     MPI = _mpi()
     query = getattr(MPI, "Query_cuda_support", None)
     if query is not None:
         try:
-            return bool(query())
+            return bool(query()), f"MPI.Query_cuda_support() = {int(query())}"
         except Exception:  # noqa: BLE001 - an MPI without the extension raises NotImplemented
             pass
+    # Intel MPI crashes when asked before MPI_Init; Open MPI would answer its build flag alone
+    answer = _mpix_query_cuda_support() if MPI.Is_initialized() else None
+    if answer is not None:
+        return bool(answer), f"MPIX_Query_cuda_support() = {answer}"
     try:
         out = subprocess.run(["ompi_info", "--parsable", "--all"], capture_output=True,
                              text=True, timeout=20).stdout
     except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "mpi_built_with_cuda_support:value:true" in out
+        return False, "the MPI library has no MPIX_Query_cuda_support and no ompi_info"
+    built = "mpi_built_with_cuda_support:value:true" in out
+    return built, f"ompi_info: mpi_built_with_cuda_support:{str(built).lower()}"
+
+
+def forced_but_unsupported() -> str | None:
+    """Why PSRT_CUDA_AWARE=1 would hand device pointers to an MPI library that says it cannot
+    take them (a crash in the library, not an error), or None where it would not."""
+    aware, how = cuda_support()
+    return f"PSRT_CUDA_AWARE=1 but the MPI library is not CUDA-aware ({how})" if env.cuda_aware() and not aware else None
+
+
+def loaded_libmpi() -> list[str]:
+    """The MPI libraries mapped into this process (mpi4py loads one with RTLD_LOCAL, so its
+    symbols are not in the global namespace): paths from /proc/self/maps."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = [line.split()[-1] for line in maps if "/libmpi" in line]
+    except OSError:
+        return []
+    return [p for p in dict.fromkeys(paths) if ".so" in os.path.basename(p)]
+
+
+def _mpix_query_cuda_support() -> int | None:
+    """MPIX_Query_cuda_support() of the loaded libmpi, or None where it has no such symbol."""
+    import ctypes
+    _mpi()      # load the library first
+    for path in loaded_libmpi():
+        try:
+            fn = ctypes.CDLL(path).MPIX_Query_cuda_support
+        except (OSError, AttributeError):
+            continue
+        fn.restype, fn.argtypes = ctypes.c_int, []
+        return int(fn())
+    return None
 
 
 class Staging:

@@ -36,7 +36,11 @@ from psrt.collectives.tuning import Tuning
 from psrt.errors import PsrtError
 from psrt.trace import OFF, Tracer
 from psrt.world import revoke
-from psrt.transport import Staging, check_dtype, check_op
+from psrt.transport import Staging, check_dtype, check_op, mpi_datatype
+
+# the algorithms whose sums the MPI library computes (its own collectives, inside or across hosts)
+USER_OP_ALGORITHMS = ("native", "hierarchical")
+
 
 class Communicator(Exchanges):
     """Collectives over torch tensors on one MPI communicator.
@@ -228,8 +232,13 @@ class Communicator(Exchanges):
         return group
 
     def _on_device_ok(self, t: torch.Tensor, algo: str) -> bool:
-        """Whether the algorithm can work on t's memory where it is (CPU, CUDA-aware MPI, nccl)."""
-        return not t.is_cuda or algo in THROUGH_TORCH or self._staging.direct_cuda
+        """Whether the algorithm can work on t's memory where it is (CPU, CUDA-aware MPI, nccl).
+
+        A 16-bit float summed by the MPI library itself runs psrt's user-defined op
+        (transport.mpi_op), whose body reads host memory: such calls stay staged."""
+        if not t.is_cuda or algo in THROUGH_TORCH:
+            return True
+        return self._staging.direct_cuda and not (algo in USER_OP_ALGORITHMS and mpi_datatype(t.dtype) is None)
 
     def _staged(self, t: torch.Tensor, algo: str) -> bool:
         """Whether a call on t runs in pieces through pinned host slots (staged_plans.py)."""

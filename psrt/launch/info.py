@@ -47,7 +47,35 @@ def facts(world, environ=os.environ) -> dict:
            "yields_when_idle": mpi_yields_when_idle()}
     if "SLURM_JOB_ID" in environ:
         out["slurm"] = {k: environ.get(v) for k, v in SLURM_FACTS.items()}
+    out.update(cuda_facts())
     return out
+
+
+def cuda_facts() -> dict:
+    """The GPUs this rank sees and how its CUDA tensors would meet MPI: straight to the
+    library (a CUDA-aware MPI, or PSRT_CUDA_AWARE=1) or staged through pinned host memory."""
+    import torch
+
+    from psrt import env
+    from psrt.transport import cuda_aware, cuda_support
+    forced = env.cuda_aware()
+    how = f"PSRT_CUDA_AWARE={int(forced)}" if forced is not None else cuda_support()[1]
+    return {"gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+            "cuda_direct": cuda_aware(), "cuda_support": how}
+
+
+def cuda_line(records: list[dict]) -> str | None:
+    """Rank 0's line on CUDA tensors, where any rank sees a GPU."""
+    if not any(r.get("gpus") for r in records):
+        return None
+    direct = {r["rank"] for r in records if r["cuda_direct"]}
+    how = "; ".join(sorted({r["cuda_support"] for r in records}))
+    if len(direct) == len(records):
+        return f"CUDA tensors go straight to MPI: the library is CUDA-aware ({how})"
+    if not direct:
+        return f"CUDA tensors are staged through pinned host memory: the MPI is not CUDA-aware ({how})"
+    return (f"CUDA tensors go straight to MPI on ranks {_ranges(sorted(direct))} only, staged elsewhere "
+            f"({how}): the ranks disagree on their MPI")
 
 
 def slurm_line(records: list[dict]) -> str | None:
@@ -121,9 +149,7 @@ def summary(records: list[dict]) -> list[str]:
     n = len(records)
     lines = [f"{n} rank{'s' * (n != 1)} on {len(by_host)} host{'s' * (len(by_host) != 1)}: "
              + "; ".join(f"{h} ranks {_ranges(r)}" for h, r in by_host.items())]
-    slurm = slurm_line(records)
-    if slurm:
-        lines.append(slurm)
+    lines += [line for line in (slurm_line(records), cuda_line(records)) if line]
     if "allreduce_s" in records[0]:
         nbytes = records[0]["allreduce_bytes"]
         t = max(r["allreduce_s"] for r in records)

@@ -107,3 +107,17 @@ def test_daemons_and_jobs_use_pmix_hash_store_unless_the_user_chose():
     assert got["PMIX_MCA_gds"] == "hash" and got["SLURM_CONF"] == str(slurm.conf_path(c))
     assert slurm.env(c, {"PMIX_MCA_gds": "ds21"})["PMIX_MCA_gds"] == "ds21"
     assert C.job_env(c, "openmpi4", {"PATH": "/bin"})["PMIX_MCA_gds"] == "hash"
+
+
+def test_cuda_line_says_how_cuda_tensors_meet_mpi():
+    """psrt.info's line on CUDA tensors: none without a GPU, else direct or staged, and a
+    warning where ranks disagree (two MPIs in one job)."""
+    from psrt.launch.info import cuda_line
+    rec = lambda rank, gpus, direct, how: {"rank": rank, "gpus": gpus, "cuda_direct": direct, "cuda_support": how}
+    assert cuda_line([rec(0, 0, False, "q = 0"), rec(1, 0, False, "q = 0")]) is None
+    assert cuda_line([rec(r, 1, True, "MPIX_Query_cuda_support() = 1") for r in (0, 1)]) == \
+        "CUDA tensors go straight to MPI: the library is CUDA-aware (MPIX_Query_cuda_support() = 1)"
+    assert cuda_line([rec(0, 1, False, "MPIX_Query_cuda_support() = 0")]).startswith(
+        "CUDA tensors are staged through pinned host memory: the MPI is not CUDA-aware")
+    mixed = cuda_line([rec(0, 1, True, "PSRT_CUDA_AWARE=1"), rec(1, 1, False, "MPIX_Query_cuda_support() = 0")])
+    assert "on ranks 0 only" in mixed and "disagree" in mixed

@@ -142,13 +142,14 @@ class MoELayer(nn.Module):
         with torch.no_grad():
             routed = torch.bincount(r.expert.reshape(-1), minlength=E).to(torch.float64)
             dropped = torch.bincount(r.expert[~r.keep], minlength=E).to(torch.float64)
-            local = torch.cat([counts.double().detach(), routed, dropped, torch.tensor([float(len(probs))],
-                                                                                     dtype=torch.float64)])
+            local = torch.cat([counts.double().detach(), routed, dropped,
+                               torch.tensor([float(len(probs))], dtype=torch.float64, device=probs.device)])
             total = local if self.stats_group is None else self.stats_group.allreduce(local)
         f_counts, routed, dropped, tokens = total[:E], total[E:2 * E], total[2 * E:3 * E], total[-1]
         # this rank's share of alpha E sum_i f_i P_i: f of every rank's tokens, this rank's part of P
         self.aux = balance_loss(f_counts, psum, tokens, self.aux_alpha)
-        self.stats = {"routed": routed, "dropped": dropped, "tokens": int(tokens)}
+        # the tallies live on the host, whatever device the tokens are on
+        self.stats = {"routed": routed.cpu(), "dropped": dropped.cpu(), "tokens": int(tokens)}
 
     # ------------------------------------------------------------------ dispatch
     def _run(self, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -192,7 +193,7 @@ class MoELayer(nn.Module):
         self.stats["received"] = recv_pe          # [source rank, local expert]: rows this forward
         self.stats["a2a_bytes"] = 0
         got = self._exchange(self._wire(x[tok]), send_counts, recv_counts)
-        ids = torch.repeat_interleave(torch.arange(local).repeat(P), recv_pe.reshape(-1))
+        ids = torch.repeat_interleave(torch.arange(local, device=x.device).repeat(P), recv_pe.reshape(-1))
         back = self._exchange(self._run(got, ids), recv_counts, send_counts)
         # under autocast the experts answer in the compute dtype; the residual stream keeps x's
         weight = r.gate[tok, slot].unsqueeze(-1).to(x.dtype)
@@ -211,7 +212,7 @@ class MoELayer(nn.Module):
         counts = [local * cap] * P
         self.stats["a2a_bytes"] = 0
         got = self._exchange(buf, counts, counts)
-        ids = torch.arange(local).repeat_interleave(cap).repeat(P * G)
+        ids = torch.arange(local, device=x.device).repeat_interleave(cap).repeat(P * G)
         back = self._exchange(self._run(got, ids), counts, counts)
         weight = r.gate[tok, slot].unsqueeze(-1).to(x.dtype)
         return x.new_zeros(x.shape).index_add(0, tok, back[place].to(x.dtype) * weight)

@@ -9,8 +9,15 @@ import psrt
 from psrt.collectives import ALGORITHMS
 from psrt.collectives.algorithms import THROUGH_TORCH
 from psrt.collectives.staged import Stager
+from psrt.transport import forced_but_unsupported
 
 world = psrt.init()
+
+# PSRT_CUDA_AWARE=1 from a test that cannot ask the library itself (the pytest process is no
+# MPI process): on an MPI that is not CUDA-aware the ranks report a skip instead of crashing.
+if forced_but_unsupported():
+    print("PSRT-RESULT " + json.dumps({"rank": world.rank, "skip": forced_but_unsupported()}), flush=True)
+    raise SystemExit(0)
 torch.cuda.set_device(world.local_rank % torch.cuda.device_count())
 comm = psrt.Communicator(world.comm)
 stagers = {side: Stager(reduce_on=side) for side in ("host", "gpu")}

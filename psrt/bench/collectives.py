@@ -9,6 +9,7 @@ collective is done when the last rank is done), with the fastest rank's shown as
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import partial
 
 import torch
 
@@ -57,6 +58,9 @@ class Point:
     algbw_gbs: float
     busbw_gbs: float
     wrong: int              # elements that differ from the expected result
+    # staged rows on a CUDA-aware MPI: elements whose sum differs from the direct path's on
+    # the same random input (bench/cuda.py ForceStaged)
+    differ: int | None = None
 
     def row(self) -> dict:
         return asdict(self)
@@ -137,6 +141,12 @@ def caller(group: Communicator, collective: str, name: str, x: torch.Tensor, out
     if collective == "broadcast":
         return lambda: group.broadcast(x, root=0, algorithm=base)
     return lambda: group.reduce(x, root=0, algorithm=base)
+
+
+def call_once(group: Communicator, collective: str, name: str, x: torch.Tensor):
+    """Row `name` called once on x (in place where the call is), its result returned."""
+    out = torch.empty(x.numel() * (group.size if collective == "allgather" else 1), dtype=x.dtype, device=x.device)
+    return caller(group, collective, name, x, out, x)()
 
 
 def _wrong(group: Communicator, collective: str, result, n: int) -> int:
@@ -312,7 +322,7 @@ def command(args) -> int:
     wrong = sum(r["wrong"] for r in rows)
     if not args.quiet:
         print_rows(rows, args, world, gpu)
-    write(rows, args, world)
+    write(rows, args, world, gpu)
     return 1 if wrong else 0
 
 
@@ -366,18 +376,25 @@ def on_device(group: Communicator):
     from psrt.collectives import nccl
     own_gpu = nccl.sharing(nccl.gpus(group.comm)) is None
 
-    other = cuda.other_reduce(group)
+    other = cuda.other_path(group)
+    chunked = set()      # collectives whose host rows at the staged chunk's size are measured
 
     def rows(coll: str, names: list[str], size: int, dtype, args) -> list[Point]:
         on_gpu = measure(group, coll, cuda.device_rows(names, own_gpu), size, dtype, args.warmup,
                          args.repeats, device=args.device)
         on_host = measure(group, coll, cuda.host_rows(names), size, dtype, args.warmup, args.repeats)
+        chunk = cuda.chunk_size(sizes_from(args))
+        if chunk and coll not in chunked and not group._staging.direct_cuda:   # for the model
+            chunked.add(coll)
+            on_host += measure(group, coll, cuda.host_rows(names), chunk, dtype, args.warmup, args.repeats)
         points = on_gpu + [replace(p, algorithm=cuda.HOST + p.algorithm) for p in on_host]
-        if other is not None and coll == "allreduce":     # the staged sum on the other side
+        if other.applies(coll):     # the staged sum on the other side, or staged at all
+            psrt_rows = cuda.host_rows(names)
+            differ = other.differences(partial(call_once, group, coll), psrt_rows, size, dtype, args.device)
             with other as label:
-                again = measure(group, coll, cuda.host_rows(names), size, dtype, args.warmup, args.repeats,
+                again = measure(group, coll, psrt_rows, size, dtype, args.warmup, args.repeats,
                                 device=args.device)
-            points += [replace(p, algorithm=label + p.algorithm) for p in again]
+            points += [replace(p, algorithm=label + p.algorithm, differ=differ.get(p.algorithm)) for p in again]
         return points
     return rows
 
@@ -409,19 +426,22 @@ def print_rows(rows: list[dict], args, world, gpu=None) -> None:
     if any(r.get("vs_sync_floor") for r in rows):
         columns.append(("vs_sync_floor", "x sync floor", ".2f"))
     if gpu is not None:
-        from psrt.bench.cuda import COLUMNS
-        columns += COLUMNS
+        from psrt.bench.cuda import COLUMNS, DIFFER
+        columns += COLUMNS + ([DIFFER] if any(r.get("differ") is not None for r in rows) else [])
     for coll in dict.fromkeys(r["collective"] for r in rows):
         print(f"\n## {coll}")
         report.table([r for r in rows if r["collective"] == coll], columns)
     print(f"\n# {sum(r['wrong'] for r in rows)} wrong elements in all")
 
 
-def write(rows: list[dict], args, world) -> None:
+def write(rows: list[dict], args, world, gpu=None) -> None:
     """--json, --csv and --plot."""
     from psrt.bench import report
     meta = {"world_size": world.size, "num_nodes": world.num_nodes, "dtype": args.dtype,
             "mpi": report.mpi_version(), "host": world.hostname}
+    if gpu is not None:
+        meta.update(device=torch.cuda.get_device_name(gpu.device), cuda_direct=not gpu.staged,
+                    d2h_gbs=gpu.down_bps / 1e9, h2d_gbs=gpu.up_bps / 1e9)
     if args.json:
         report.write_json(args.json, {"meta": meta, "rows": rows})
     if args.csv:

@@ -67,6 +67,7 @@ class OtherReduce:
     """A context in which `group`'s staged all-reduces add on the other side (the GPU where
     PSRT_STAGED_REDUCE is host, the default, else the host); it gives the rows' label,
     `gpu-reduce:` or `host-reduce:`."""
+    attribute = "_stager"
 
     def __init__(self, group):
         from psrt.collectives.staged import Stager
@@ -74,17 +75,66 @@ class OtherReduce:
         side = "host" if self.own.reduce_on == "gpu" else "gpu"
         self.swapped, self.label = Stager(reduce_on=side), f"{side}-reduce:"
 
+    @staticmethod
+    def applies(collective: str) -> bool:
+        return collective == "allreduce"
+
+    def differences(self, call, names, nbytes, dtype, device) -> dict:
+        return {}
+
     def __enter__(self) -> str:
-        self.group._stager = self.swapped
+        setattr(self.group, self.attribute, self.swapped)
         return self.label
 
     def __exit__(self, *exc) -> None:
-        self.group._stager = self.own
+        setattr(self.group, self.attribute, self.own)
 
 
-def other_reduce(group) -> OtherReduce | None:
-    """The other side's additions for a staged run; None where nothing is staged."""
-    return None if group._staging.direct_cuda else OtherReduce(group)
+class ForceStaged(OtherReduce):
+    """On a CUDA-aware MPI: a context in which `group`'s CUDA tensors are staged through
+    pinned host memory all the same (rows `staged:ALGO`), the direct path's peer in the same
+    run, for every collective."""
+    attribute = "_staging"
+
+    def __init__(self, group):
+        from psrt.transport import Staging
+        self.group, self.own = group, group._staging
+        self.swapped, self.label = Staging(cuda_aware_mpi=False), "staged:"
+
+    @staticmethod
+    def applies(collective: str) -> bool:
+        return True
+
+    def differences(self, call, names, nbytes, dtype, device) -> dict:
+        """{algorithm: elements whose result differs between the direct and the staged path,
+        summed over ranks} for `call(algorithm, x)` on the same random input (seeded by
+        rank).  Both paths add in the same order, so the results must be bitwise equal."""
+        comm = self.group.comm
+        gen = torch.Generator().manual_seed(1234 + comm.rank)
+        x = torch.randn(max(nbytes // torch.empty(0, dtype=dtype).element_size(), 1), generator=gen).to(dtype)
+        out = {}
+        for name in names:
+            direct = call(name, x.to(device))
+            direct = None if direct is None else direct.clone()
+            with self:
+                staged = call(name, x.to(device))
+            if staged is not None and staged.is_cuda:
+                torch.cuda.synchronize()
+            out[name] = comm.allreduce(0 if direct is None else int((direct != staged).sum()))
+        return out
+
+
+def other_path(group) -> OtherReduce:
+    """The rows beside the CUDA rows: where the MPI is CUDA-aware, the same calls staged;
+    where it is not, the staged all-reduces adding on the other side."""
+    return ForceStaged(group) if group._staging.direct_cuda else OtherReduce(group)
+
+
+def chunk_size(sizes: list[int]) -> int | None:
+    """The staged pipeline's chunk, where a host row at that size is wanted for the model
+    (some tensor is larger than one chunk, and no row is at the chunk's size already)."""
+    from psrt.collectives.staged import CHUNK_BYTES
+    return CHUNK_BYTES if max(sizes) > CHUNK_BYTES and CHUNK_BYTES not in sizes else None
 
 
 def host_rows(names: list[str]) -> list[str]:
@@ -103,11 +153,13 @@ def synchronised(call):
 
 
 def add_models(rows: list[dict], gpu: Gpu) -> None:
-    """`model_us` and `vs_model` on each staged row (the host row of its collective, algorithm
-    and size measured; one piece's host time taken as that row's time per byte: the same
-    three-stage pipeline serves every collective), and `vs_torch` on every CUDA row beside
-    the torch row of its collective and size."""
-    from psrt.collectives.staged import staged_time
+    """`model_us` and `vs_model` on each staged row, and `vs_torch` on every CUDA row beside
+    the torch row of its collective and size.  The model's host stage: the pipeline hands the
+    host one chunk (CHUNK_BYTES) at a time, so a tensor of several chunks is reduced at the
+    rate of the host row at the chunk's size (`chunk_rows` measures it), a smaller one in the
+    time of the host row at its own size; the same three-stage pipeline serves every
+    collective."""
+    from psrt.collectives.staged import CHUNK_BYTES, staged_time
     def key(r, algorithm=None):
         return r.get("collective", "allreduce"), algorithm or r["algorithm"], r["nbytes"]
     host = {key(r, r["algorithm"][len(HOST):]): r["time_us"] / 1e6 for r in rows if r["algorithm"].startswith(HOST)}
@@ -117,7 +169,9 @@ def add_models(rows: list[dict], gpu: Gpu) -> None:
             continue
         t_host = host.get(key(r))
         if gpu.staged and t_host is not None:
-            per_byte = t_host / r["nbytes"]
+            coll, algo, n = key(r)
+            t_chunk = host.get((coll, algo, CHUNK_BYTES)) if n > CHUNK_BYTES else None
+            per_byte = t_chunk / CHUNK_BYTES if t_chunk else t_host / n
             model = staged_time(r["nbytes"], gpu.down_bps, gpu.up_bps, lambda b: per_byte * b) * 1e6
             r["model_us"], r["vs_model"] = model, r["time_us"] / model
         if peer.get(key(r, "torch")):
@@ -125,3 +179,5 @@ def add_models(rows: list[dict], gpu: Gpu) -> None:
 
 
 COLUMNS = [("model_us", "model(us)", ".1f"), ("vs_model", "x model", ".2f"), ("vs_torch", "x torch", ".2f")]
+# on a CUDA-aware MPI, the staged rows' elements that differ from the direct path's
+DIFFER = ("differ", "#differ from direct", "d")

@@ -33,6 +33,8 @@ class Goal:
     judged: bool = True
     digits: int = 2
     missing: str = "not measured"
+    unit: str = "x"             # after the figure: "x" for a ratio, " failed" for a count
+    spec: str = ""              # the figure's format where digits will not do (".1e")
 
     def __post_init__(self):
         if self.op not in OPS:
@@ -53,7 +55,7 @@ class Goal:
         """The measured figure as printed: "0.95x", "worst 0.95x (ring, 4 B)", "+11%"."""
         if self.ratio is None:
             return self.missing
-        figure = f"{self.ratio - 1:+.0%}" if self.op == "within" else f"{self.ratio:.{self.digits}f}x"
+        figure = f"{self.ratio - 1:+.0%}" if self.op == "within" else f"{self.ratio:{self.spec or f'.{self.digits}f'}}{self.unit}"
         return ("worst " if self.worst else "") + figure + (f" {self.detail}" if self.detail else "")
 
     def line(self) -> str:

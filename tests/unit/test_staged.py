@@ -193,7 +193,31 @@ def test_the_gpu_bench_times_the_staged_sum_on_the_other_side_too():
     for own, other in (("host", "gpu"), ("gpu", "host")):
         stager = staged.Stager(reduce_on=own)
         group = SimpleNamespace(_staging=SimpleNamespace(direct_cuda=False), _stager=stager)
-        with cuda.other_reduce(group) as label:
+        with cuda.other_path(group) as label:
             assert label == f"{other}-reduce:" and group._stager.reduce_on == other
         assert group._stager is stager
-    assert cuda.other_reduce(SimpleNamespace(_staging=SimpleNamespace(direct_cuda=True))) is None
+        assert cuda.other_path(group).applies("allreduce") and not cuda.other_path(group).applies("allgather")
+
+
+def test_on_a_cuda_aware_mpi_the_gpu_bench_stages_the_same_calls_and_compares_them():
+    """Rows `staged:ALGO` beside the direct ones, for every collective; the staged results are
+    compared element by element with the direct path's on one random input."""
+    from types import SimpleNamespace
+
+    from psrt.bench import cuda
+    from psrt.transport import Staging
+    own = Staging(cuda_aware_mpi=True)
+    group = SimpleNamespace(_staging=own, comm=SimpleNamespace(rank=0, allreduce=lambda v: v))
+    other = cuda.other_path(group)
+    assert isinstance(other, cuda.ForceStaged) and other.applies("allgather")
+    with other as label:
+        assert label == "staged:" and group._staging.direct_cuda is False
+    assert group._staging is own
+
+    def call(name, x):      # a staged path that gets one element wrong for "bad"
+        y = x * 2
+        if name == "bad" and not group._staging.direct_cuda:
+            y[3] += 1
+        return y
+    assert other.differences(call, ["ring", "bad"], 64, torch.float32, "cpu") == {"ring": 0, "bad": 1}
+    assert group._staging is own

@@ -50,7 +50,8 @@ def msg(t: torch.Tensor):
     """An mpi4py message spec for a contiguous tensor (CPU view or CUDA tensor)."""
     if t.is_cuda:
         sync_cuda(t)
-        return [t, t.numel() * t.element_size(), _mpi().BYTE]
+        # handed over by DLPack, which refuses a tensor that requires grad
+        return [t.detach(), t.numel() * t.element_size(), _mpi().BYTE]
     return np_view(t)
 
 
@@ -203,6 +204,29 @@ def _mpix_query_cuda_support() -> int | None:
         fn.restype, fn.argtypes = ctypes.c_int, []
         return int(fn())
     return None
+
+
+class CudaDevice:
+    """The caller's CUDA device, carried into a psrt thread that hands buffers to MPI.
+
+    A CUDA-aware MPI works on device buffers in whichever thread calls it, and a new thread
+    has no current CUDA context: Intel MPI's cuIpcOpenMemHandle of a peer's buffer, reached
+    from psrt's progress thread, failed there (CUDA error 201, invalid context).  `note()`, in
+    the thread that issues a call, records its device once CUDA is in use; `adopt()`, in the
+    psrt thread before it calls MPI, makes that device (its primary context) current."""
+
+    def __init__(self):
+        self.index: int | None = None
+        self._current: int | None = None
+
+    def note(self) -> None:
+        if torch.cuda.is_initialized():
+            self.index = torch.cuda.current_device()
+
+    def adopt(self) -> None:
+        if self.index is not None and self.index != self._current:
+            torch.cuda.set_device(self.index)
+            self._current = self.index
 
 
 class Staging:

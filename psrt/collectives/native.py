@@ -17,7 +17,7 @@ def _typed(buf: torch.Tensor, op: str):
     mop, dtype = mpi_op(op, buf.dtype)
     if buf.is_cuda:
         sync_cuda(buf)
-        return [buf, buf.numel(), dtype], mop
+        return [buf.detach(), buf.numel(), dtype], mop     # DLPack refuses a tensor that requires grad
     return [np_view(buf), buf.numel(), dtype], mop
 
 
@@ -38,7 +38,12 @@ def allreduce_into(comm, src: torch.Tensor, dst: torch.Tensor, op: str) -> None:
 
 def reduce(comm, buf: torch.Tensor, root: int, op: str) -> None:
     spec, mop = _typed(buf, op)
-    if comm.rank == root:
+    if comm.rank == root and buf.is_cuda:
+        # device memory: the root sends a copy, not MPI_IN_PLACE (Intel MPI 2021.19's GPU
+        # MPI_Reduce gave a wrong sum in place; its all-reduce in place is right)
+        send, _ = _typed(buf.clone(), op)
+        comm.Reduce(send, spec, mop, root)
+    elif comm.rank == root:
         comm.Reduce(MPI.IN_PLACE, spec, mop, root)
     else:
         comm.Reduce(spec, None, mop, root)

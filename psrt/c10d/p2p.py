@@ -27,6 +27,7 @@ import torch
 from psrt.c10d.work import Work, timeout_message
 from psrt.collectives.p2p import FIRST_PAUSE_S, MAX_PAUSE_S, poll
 from psrt.errors import PsrtError
+from psrt.transport import CudaDevice
 
 
 def store(flat: torch.Tensor, into: torch.Tensor) -> None:
@@ -160,8 +161,10 @@ class Progress:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._cuda = CudaDevice()       # the callers' GPU, current in this thread too
 
     def add(self, work: P2PWork) -> P2PWork:
+        self._cuda.note()
         with self._cond:
             if self._closed:       # the group checks first; this is shutdown racing the call
                 work.fail(PsrtError(f"psrt backend: {work.name} on a group that was shut down"))
@@ -183,6 +186,7 @@ class Progress:
                 if self._closed:
                     return
                 works = list(self._works)
+            self._cuda.adopt()
             over = {id(w) for w in works if w.test()}
             if over:
                 with self._cond:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import queue
 import threading
 
+from psrt.transport import CudaDevice
+
 
 class Handle:
     """The result of a non-blocking collective; `wait()` returns it (or raises its error).
@@ -53,6 +55,7 @@ class Executor:
         self._pending_lock = threading.Lock()
         self._idle = threading.Condition(self._pending_lock)
         self._thread: threading.Thread | None = None
+        self._cuda = CudaDevice()              # the submitters' GPU, current in the worker too
 
     def _worker(self) -> None:
         while True:
@@ -62,6 +65,7 @@ class Executor:
             fn, args, handle = item
             result, error = None, None
             try:
+                self._cuda.adopt()
                 with self._lock:
                     result = fn(*args)
             except BaseException as err:  # noqa: BLE001 - handed to the waiter
@@ -91,6 +95,7 @@ class Executor:
             self._thread = threading.Thread(target=self._worker, name=self._name, daemon=True)
             self._thread.start()
         handle = Handle()
+        self._cuda.note()
         with self._idle:
             self._pending += 1
         self._queue.put((fn, args, handle))

@@ -38,3 +38,26 @@ def test_another_executors_worker_still_queues():
     assert first.wait(5) and second.wait(5) == "b2"
     a.close()
     b.close()
+
+
+def test_the_worker_makes_the_submitters_gpu_current(monkeypatch):
+    """A CUDA-aware MPI needs a current CUDA context in the thread that calls it: the worker
+    adopts the device of the thread that submitted, once CUDA is in use, and only then."""
+    import threading
+
+    import torch
+
+    from psrt.collectives.executor import Executor
+    made_current = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: made_current.append((i, threading.current_thread().name)))
+    ex = Executor(name="psrt-test-worker")
+    try:
+        ex.submit(lambda: None).wait()
+        assert made_current == []                       # no CUDA in use: nothing made current
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+        ex.submit(lambda: None).wait()
+        ex.submit(lambda: None).wait()
+        assert made_current == [(3, "psrt-test-worker")]  # once, in the worker
+    finally:
+        ex.close()

@@ -41,10 +41,10 @@ if ! "$PYTHON" -c 'import psrt, pytest, xdist, sklearn, matplotlib, expecttest, 
     say "psrt (editable) with its test extras"
     "$PYTHON" -m pip install -q -e '.[test]'
 fi
-# HF Accelerate and transformers (docs/tutorials/own-code.md, "Frameworks": tests/mpi/test_frameworks.py runs
-# them on the psrt backend).  PSRT_WITH_FRAMEWORKS=0 leaves them out.
-if [ "${PSRT_WITH_FRAMEWORKS:-1}" != 0 ] && ! "$PYTHON" -c 'import accelerate, transformers' 2>/dev/null; then
-    say "accelerate and transformers"
+# HF Accelerate, transformers and Lightning (docs/tutorials/own-code.md, "Frameworks":
+# tests/mpi/test_frameworks.py runs them on the psrt backend).  PSRT_WITH_FRAMEWORKS=0 leaves them out.
+if [ "${PSRT_WITH_FRAMEWORKS:-1}" != 0 ] && ! "$PYTHON" -c 'import accelerate, transformers, lightning' 2>/dev/null; then
+    say "accelerate, transformers and lightning"
     "$PYTHON" -m pip install -q -e '.[frameworks]'
 fi
 # The documentation site (make docs) and its browser test (tests/docs): MkDocs with the Material

@@ -1,8 +1,8 @@
-"""Frameworks built on torch.distributed, on the psrt backend: HF Accelerate's Accelerator and
-transformers' Trainer each train a small model under mpirun, once on psrt and once on gloo, and
-must log the same losses (tests/mpi/ranks/frameworks.py).
+"""Frameworks built on torch.distributed, on the psrt backend: HF Accelerate's Accelerator,
+transformers' Trainer and Lightning's Trainer each train a small model under mpirun, once on
+psrt and once on gloo, and must log the same losses (tests/mpi/ranks/frameworks.py).
 
-Both pick a CPU job's backend by name ("gloo", or "mpi" when torch has it) and keep a default
+Each picks a CPU job's backend by name ("gloo", or "mpi" when torch has it) and keeps a default
 group that exists already, so the script makes it first on the backend under test.  At N = 2 a
 sum of two fp32 values is the same in either order, so the losses agree to the last bit; the
 tolerance only allows for the reduction's order on other machines.
@@ -18,7 +18,8 @@ pytest.importorskip("torch")
 BACKENDS = ("psrt", "gloo")
 
 
-@pytest.mark.parametrize("framework,package", (("accelerate", "accelerate"), ("trainer", "transformers")))
+@pytest.mark.parametrize("framework,package", (("accelerate", "accelerate"), ("trainer", "transformers"),
+                                               ("lightning", "lightning")))
 def test_framework_on_psrt_equals_gloo(run_ranks, tmp_path, framework, package):
     pytest.importorskip(package)
     got = {}

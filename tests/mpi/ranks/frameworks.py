@@ -1,6 +1,7 @@
-"""A small model trained by HF Accelerate or transformers' Trainer on the psrt or gloo backend.
+"""A small model trained by HF Accelerate, transformers' Trainer or Lightning's Trainer on the
+psrt or gloo backend.
 
-usage: mpirun -np N python frameworks.py {accelerate|trainer} {psrt|gloo} OUT.json
+usage: mpirun -np N python frameworks.py {accelerate|trainer|lightning} {psrt|gloo} OUT.json
 
 Both frameworks pick a CPU job's backend by name (Accelerate's PartialState: "mpi" when torch
 has it, else "gloo") and use a default group that exists already: so the default group is made
@@ -63,7 +64,39 @@ def trainer_losses() -> list[float]:
     return [e["loss"] for e in trainer.state.log_history if "loss" in e]
 
 
-losses = accelerate_losses() if framework == "accelerate" else trainer_losses()
+def lightning_losses() -> list[float]:
+    import lightning as L
+    L.seed_everything(SEED, verbose=False)
+    losses = []
+
+    class Regression(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+        def training_step(self, batch, _index):
+            xb, yb = batch
+            loss = torch.nn.functional.mse_loss(self.net(xb), yb)
+            # every rank's loss, gathered by Lightning (its all_gather on the default group)
+            losses.append(self.all_gather(loss.detach()).mean().item())
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    g = torch.Generator().manual_seed(SEED)
+    x = torch.randn(STEPS * BATCH * world, 8, generator=g)
+    y = x.sum(dim=1, keepdim=True).sin()
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=BATCH)
+    # Under mpirun Lightning finds the job through mpi4py (MPIEnvironment) and, finding the
+    # default group made already, trains DDP on it
+    trainer = L.Trainer(accelerator="cpu", devices=world, strategy="ddp", max_epochs=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Regression(), data)
+    return losses
+
+
+losses = {"accelerate": accelerate_losses, "trainer": trainer_losses, "lightning": lightning_losses}[framework]()
 calls = dist.group.WORLD.group.calls if backend == "psrt" else 0
 if rank == 0:
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)

@@ -54,7 +54,12 @@ def comm_time(strategy: str, host_of: list[int], grad_bytes: float, links: cost.
         return cost.predict_two_level("hierarchical", host_of, grad_bytes, links)
     if strategy == "ps-local":
         return cost.predict_two_level("ps-local", host_of, grad_bytes, links)
-    p = traffic.predict(strategy, n, grad_bytes, host_of, links.inter)
+    if len(set(host_of)) == 1:
+        # one node: every rank's bytes cross its own link inside the node (NVLink, PCIe, shared
+        # memory), which the flat models would not charge (they count only links between hosts)
+        p = traffic.predict(strategy, n, grad_bytes, list(range(n)), links.intra)
+    else:
+        p = traffic.predict(strategy, n, grad_bytes, host_of, links.inter)
     return None if p is None else p.total_s
 
 

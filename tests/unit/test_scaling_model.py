@@ -99,3 +99,30 @@ def test_variants_share_a_launch_only_with_other_strategies():
     auto = step_model.comm_time("ring-auto", host_of, 16 << 20, GBIT)
     assert auto == min(step_model.comm_time("ring", host_of, 16 << 20, GBIT),
                        step_model.comm_time("ring-hier", host_of, 16 << 20, GBIT))
+
+
+def test_one_node_charges_the_links_inside_it():
+    """On one node the flat ring's bytes cross each accelerator's own link inside the node: the
+    same time as the hierarchical model's (which is the flat ring there), never a free ride."""
+    from psrt.bench import presets
+    from psrt.bench.step_model import comm_time, placement
+    links = presets.links(presets.load("pcie-25g"))
+    one_node = placement(1, 4)
+    ring, hier = comm_time("ring", one_node, 512 << 20, links), comm_time("ring-hier", one_node, 512 << 20, links)
+    assert ring == pytest.approx(hier, rel=1e-6) and ring > 0.03          # 2 x 3/4 x 512 MiB at 15.75 GB/s
+    assert comm_time("ps", one_node, 512 << 20, links) == pytest.approx(
+        comm_time("ps-local", one_node, 512 << 20, links), rel=1e-6)
+
+
+def test_psrt_info_predicts_for_the_jobs_own_placement():
+    """psrt.info --predict: the job's hosts, in the order of their first rank, become the
+    preset's nodes; one row per strategy, every row on that placement."""
+    from psrt.launch.info import predicted
+    records = [{"rank": r, "hostname": h} for r, h in enumerate(["b", "b", "a", "a"])]
+    lines = predicted(records, "pcie-25g", "resnet50")
+    assert lines[0].startswith("predicted on pcie-25g's links") and "resnet50" in lines[0]
+    table = lines[3:]
+    assert len(table) == 7 and all(" 4 " in row and " 2 " in row for row in table), table
+    ring = next(row for row in table if row.split()[4] == "ring")
+    hier = next(row for row in table if row.split()[4] == "ring-hier")
+    assert float(ring.split()[5]) > float(hier.split()[5])    # 2 nodes on 25 Gbit/s: the two-level ring wins

@@ -40,6 +40,23 @@ def rows(profile, preset: dict, workers=WORKERS, strategies=STRATEGIES) -> list[
     return out
 
 
+def placement_rows(profile, preset: dict, host_of: list[int], strategies=STRATEGIES) -> list[dict]:
+    """The same rows for one placement (rank -> host index, e.g. a job's own), on the preset's
+    links: what each strategy's step would be if these hosts were the preset's nodes."""
+    links = presets.links(preset)
+    one = profile.forward_s + profile.backward_s
+    w, nodes = len(host_of), len(set(host_of))
+    out = []
+    for s in strategies:
+        p = predict_step(s, profile.forward_s, profile.backward_s, host_of, profile.grad_bytes(), links)
+        if p is not None:
+            up = speedup(w, one, p.step_s)
+            out.append({"preset": preset["name"], "profile": profile.name, "workers": w, "nodes": nodes,
+                        "strategy": s, "predicted_s": p.step_s, "comm_s": p.comm_s, "speedup": up,
+                        "efficiency": up / w, "bound": p.bound})
+    return out
+
+
 COLUMNS = [("preset", "cluster", ""), ("profile", "profile", ""), ("workers", "workers", "d"),
            ("nodes", "nodes", "d"), ("strategy", "strategy", ""), ("predicted_s", "step (s)", ".4f"),
            ("comm_s", "comm (s)", ".4f"), ("speedup", "speed-up", ".0f"), ("efficiency", "efficiency", ".0%"),

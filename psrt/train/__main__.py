@@ -31,8 +31,8 @@ def main(argv=None) -> int:
     note = plan_batch(cfg, world.size)
     if note and world.rank == 0:  # even with --quiet: the batch trained is not the one asked for
         print(f"psrt.train: {note}", file=sys.stderr, flush=True)
-    from psrt.train.loop import train_all   # torch from here on
-    rows = train_all(cfg, world)
+    from psrt.train.loop import run_job   # torch from here on
+    rows, job = run_job(cfg, world)
     if rows is not None:
         what = f"{cfg.model} on {cfg.data}"
         if cfg.profile:
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
         sys.stdout.flush()
     if env.in_job_recovery():
         from psrt.train.in_job import leave
-        leave(0)
+        leave(0, speaks_for_survivors=job.speaks_for_survivors)
     return 0
 
 

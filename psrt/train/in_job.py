@@ -73,11 +73,6 @@ def refusal(dp: str, grid: bool, precision: str, why_not_ulfm: str | None, check
     return None
 
 
-# Whether this process speaks for the survivors of a recovery of this job (their rank 0): it
-# says, when leaving, that they have all finished (`leave`).
-_SPEAKS_FOR_SURVIVORS = [False]
-
-
 class InJob:
     """One strategy's in-job recovery: the in-memory commits, the shrink, what to say.
 
@@ -114,7 +109,6 @@ class InJob:
         # the World alone (psrt.world.init starts no watchdog): the loop starts the survivors'
         survivors = init(comm=shrunk, export_env=False)
         shrunk.Free()
-        _SPEAKS_FOR_SURVIVORS[0] = survivors.rank == 0
         self.count += 1
         self._pending = {"error": err, "seen": seen, "from": world.size}
         return survivors
@@ -169,7 +163,7 @@ class InJob:
                 "resumed_from": p["step"]}
 
 
-def leave(code: int = 0) -> None:
+def leave(code: int = 0, speaks_for_survivors: bool = False) -> None:
     """End a process of an in-job run without MPI_Finalize, once everything is written.
 
     Open MPI 5.0's MPI_Finalize can spin for ever in a survivor after a recovery (seen here with
@@ -178,10 +172,11 @@ def leave(code: int = 0) -> None:
     the run's last collective and the watchdog's farewell have made every survivor wait for
     every other.
 
-    After a recovery the survivors' rank 0 says that they have all finished: when the lost
-    ranks' host is gone, Open MPI 5's runtime waits at the job's end for its daemon there for
-    ever, and mpi_launch ends the job on that line (psrt.launch.mpi.ENDINGS)."""
-    if _SPEAKS_FOR_SURVIVORS[0]:
+    After a recovery the survivors' rank 0 (`speaks_for_survivors`, psrt.train.loop.Job) says
+    that they have all finished: when the lost ranks' host is gone, Open MPI 5's runtime waits
+    at the job's end for its daemon there for ever, and mpi_launch ends the job on that line
+    (psrt.launch.mpi.ENDINGS)."""
+    if speaks_for_survivors:
         print(IN_JOB_DONE, file=sys.stderr, flush=True)
     sys.stdout.flush()
     sys.stderr.flush()

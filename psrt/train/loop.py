@@ -147,6 +147,9 @@ class Job:
     world: object
     ctl: object
     dog: Watchdog | None = None
+    # this process is rank 0 of the survivors of an in-job recovery: it says, when leaving,
+    # that they have all finished (psrt.train.in_job.leave)
+    speaks_for_survivors: bool = False
 
 
 def build_run(cfg: TrainConfig, dp: str, job: Job, dataset, tracer: Tracer) -> SimpleNamespace:
@@ -188,7 +191,13 @@ def train_one(cfg: TrainConfig, dp: str, job: Job, dataset, tracer: Tracer = OFF
 
 def train_all(cfg: TrainConfig, world, watchdog: bool = True) -> list[dict] | None:
     """Check every strategy, then train each of --dp in turn; the summary rows, in --dp
-    order, on rank 0 (None elsewhere).  The driver of python -m psrt.train and the examples."""
+    order, on rank 0 (None elsewhere).  The driver of the examples."""
+    return run_job(cfg, world, watchdog)[0]
+
+
+def run_job(cfg: TrainConfig, world, watchdog: bool = True) -> tuple[list[dict] | None, Job]:
+    """train_all's rows, and the Job they ran in (after an in-job recovery: the survivors'):
+    the driver of python -m psrt.train."""
     check_strategies(cfg)
     imported.check(cfg)        # the user's --model/--data import before any data is loaded
     set_threads(world)
@@ -221,7 +230,7 @@ def train_all(cfg: TrainConfig, world, watchdog: bool = True) -> list[dict] | No
         job.dog.stop()       # the world's own says farewell when the program ends
     ctl.Free()
     if found is None:
-        return None
+        return None, job
     rows = [next(f[dp] for f in found if dp in f) for dp in cfg.dp_list]
     if link is not None:
         prediction.annotate(rows, link, cfg.servers)
@@ -232,7 +241,7 @@ def train_all(cfg: TrainConfig, world, watchdog: bool = True) -> list[dict] | No
         out = report.Metrics(cfg.path_for(cfg.metrics, dp), append=True)
         out.write({"summary": True, **{k: report.finite(v) for k, v in row.items() if k != "link"}})
         out.close()
-    return rows
+    return rows, job
 
 
 def set_threads(world) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from psrt.bench.recovery import in_job_one
+from psrt.errors import IN_JOB_DONE
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.mpi
@@ -28,6 +29,7 @@ def test_the_survivors_carry_on_inside_the_job_as_if_started_on_two(tmp_path):
     assert "psrt.train: in-job recovery 1: rank 2 of 3 lost (MPI_ERR_" in log, log
     assert "ring x2 continues from step 30" in log, log
     assert "restart" not in log, log                    # one job: mpi_launch started nothing again
+    assert IN_JOB_DONE in log, log                      # the survivors' rank 0 said they all finished
     assert row["resumed_from"] == 30 and row["steps_lost"] == 0, row
     assert row["recovery_s"] <= 5.0, row               # from the kill to the survivors' next step
     assert row["max_diff"] <= 1e-5, row

@@ -43,6 +43,7 @@ class InJobRecovery(Callback):
         comms += [getattr(c, name) for c in built.run.components for name in ("pcomm", "scomm")
                   if getattr(c, name, None) is not None]   # the parameter servers' own channels
         job.world = in_job.shrink(why, job.world, comms, [built.group] if built.group else [], job.dog)
+        job.speaks_for_survivors = job.world.rank == 0
         for close in (built.run.finish, built.group.close):
             with contextlib.suppress(Exception):     # on revoked communicators: nothing left to do
                 close()

@@ -116,6 +116,18 @@ def test_what_a_fork_cannot_be_starts_cold(script, how):
     assert out.returncode == 0 and out.stdout.strip() == "cold", out.stderr
 
 
+def test_unbuffered_and_torchrun_start_warm(script):
+    """`python -u` (how torchrun starts its workers) forks, with unbuffered streams; `torchrun`
+    runs in the server's python, so its workers do too."""
+    warm_session()
+    path = script(WARM + "\nprint(sys.stdout.write_through)")
+    out = python("-u", path)
+    assert out.returncode == 0 and out.stdout.split() == ["warm", "True"], out.stderr
+    out = subprocess.run(["torchrun", "--standalone", "--nproc-per-node", "1", path], capture_output=True, text=True,
+                         timeout=120, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0 and out.stdout.split() == ["warm", "True"], out.stderr
+
+
 @pytest.mark.parametrize("threads", ["1", "2"])
 def test_omp_num_threads_is_what_torch_uses(script, threads):
     warm_session()

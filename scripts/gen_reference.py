@@ -34,7 +34,7 @@ def parsers() -> list[argparse.ArgumentParser]:
     from psrt.bench.__main__ import build_parser as bench
     from psrt.launch.__main__ import _parser as launch
     from psrt.launch.cluster_cli import _parser as cluster
-    from psrt.launch.info import build_parser as info
+    from psrt.info import build_parser as info
     from psrt.trace.__main__ import build_parser as trace
     from psrt.train.config import build_parser as train
     return [train(), launch(), bench(), cluster(), info(), trace()]

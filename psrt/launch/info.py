@@ -173,40 +173,17 @@ def build_parser() -> ArgumentParser:
                    help="time an allreduce of this many bytes of float32 (e.g. 16MiB)")
     p.add_argument("--iters", type=int, default=5, help="timed allreduce runs (default 5)")
     p.add_argument("--json", action="store_true", help="one PSRT-RESULT {json} line per rank")
-    p.add_argument("--predict", metavar="PRESET",
-                   help="rank 0 prints each strategy's predicted step on this job's placement (its hosts "
-                        "and ranks per host) with the links of a cluster preset (dgx-a100, pcie-25g, emulated, "
-                        "or a JSON/TOML file: psrt/bench/presets.py)")
-    p.add_argument("--profile", default="resnet50",
-                   help="with --predict: the model profile (vgg16, resnet50, gpt2-small, bert-base, or a "
-                        "profile JSON file; default resnet50)")
     return p
 
 
-def predicted(records: list[dict], preset_name: str, profile_name: str) -> list[str]:
-    """Rank 0's lines for --predict: the preset, the profile and the table of
-    psrt.bench.scaling_prediction for this job's placement (hosts in order of first rank)."""
-    from psrt.bench import presets, scaling_prediction
-    from psrt.train.profile import load
-    from psrt.train.report import format_table
-    preset, profile = presets.load(preset_name), load(profile_name)
-    hosts = list(dict.fromkeys(r["hostname"] for r in sorted(records, key=lambda r: r["rank"])))
-    host_of = [hosts.index(r["hostname"]) for r in sorted(records, key=lambda r: r["rank"])]
-    rows = scaling_prediction.placement_rows(profile, preset, host_of)
-    return ([f"predicted on {preset['name']}'s links ({preset['source']}) for this placement: {profile.describe()}"]
-            + format_table(rows, scaling_prediction.COLUMNS).splitlines())
-
 
 @cli_main("psrt.info")
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, parser: ArgumentParser | None = None, more=None) -> int:
+    """`parser`: build_parser()'s, or one that adds options; `more(records, args)`: lines rank 0
+    prints after the summary (psrt.info adds the predicted table of psrt.bench this way)."""
+    args = (parser or build_parser()).parse_args(argv)
     if args.iters < 1:
         raise PsrtError(f"--iters {args.iters}: needs at least 1", everywhere=True)
-    if args.predict:     # a bad preset or profile: one line on every rank, before MPI starts
-        from psrt.bench import presets
-        from psrt.train.profile import load
-        presets.load(args.predict)
-        load(args.profile)
 
     from psrt.world import init
 
@@ -225,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         _say(line)
     records = world.comm.gather(record, root=0)
     if world.rank == 0 and not args.json:
-        for line in summary(records) + (predicted(records, args.predict, args.profile) if args.predict else []):
+        for line in summary(records) + (more(records, args) if more else []):
             _say(f"{world.prefix()} {line}")
     world.free()
     return 0

@@ -117,7 +117,7 @@ def test_one_node_charges_the_links_inside_it():
 def test_psrt_info_predicts_for_the_jobs_own_placement():
     """psrt.info --predict: the job's hosts, in the order of their first rank, become the
     preset's nodes; one row per strategy, every row on that placement."""
-    from psrt.launch.info import predicted
+    from psrt.info import predicted
     records = [{"rank": r, "hostname": h} for r, h in enumerate(["b", "b", "a", "a"])]
     lines = predicted(records, "pcie-25g", "resnet50")
     assert lines[0].startswith("predicted on pcie-25g's links") and "resnet50" in lines[0]

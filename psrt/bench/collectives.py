@@ -58,7 +58,7 @@ class Point:
     algbw_gbs: float
     busbw_gbs: float
     wrong: int              # elements that differ from the expected result
-    # staged rows on a CUDA-aware MPI: elements whose sum differs from the direct path's on
+    # staged rows on a CUDA-aware MPI: elements whose result differs from the direct path's on
     # the same random input (bench/cuda.py ForceStaged)
     differ: int | None = None
 

@@ -9,7 +9,8 @@ once, then fork a copy per process.
 
 How a rank starts here instead of `python ARGS`:
 - mpirun starts `python -S tests/rank_stub.py SOCKET ARGS` (a few ms): the stub is the process
-  mpirun knows, so exit codes, signals and Open MPI's bookkeeping go through it as usual;
+  mpirun knows, so exit codes, signals and Open MPI's bookkeeping go through it as usual
+  (`python -u ARGS`, as torchrun starts its workers, is ARGS with unbuffered streams);
 - the stub sends this server its argv, environment, working directory and its stdin, stdout
   and stderr (SCM_RIGHTS, unix(7));
 - the server forks; the child takes the stub's descriptors, environment and directory, and runs
@@ -23,13 +24,17 @@ How a rank starts here instead of `python ARGS`:
 
 What differs from a fresh interpreter, and is mended in the child: the random generators of
 `random` and NumPy (reseeded from the OS, as a new process seeds them), sys.path (rebuilt from
-the stub's PYTHONPATH) and the standard streams' buffering (PYTHONUNBUFFERED).  Tests that
-signal ranks from outside by pid (SIGSTOP, say) start cold: `launch_ranks(..., warm=False)`.
+the stub's PYTHONPATH) and the standard streams' buffering (PYTHONUNBUFFERED).  At its end the
+child does what the interpreter's shutdown does (threads, atexit handlers, open files,
+MPI_Finalize) but leaves its modules uncleared: clearing them would copy the server's pages
+into it.  Tests that signal ranks from outside by pid (SIGSTOP, say) start cold:
+`launch_ranks(..., warm=False)`.
 """
 from __future__ import annotations
 
 import array
 import gc
+import io
 import json
 import os
 import select
@@ -197,7 +202,7 @@ def _take_over(fds: list[int], request: dict) -> None:
     if threads and threads != request["server_threads"]:
         import torch
         torch.set_num_threads(int(threads))     # what libgomp would have read at the start
-    if os.environ.get("PYTHONUNBUFFERED"):
+    if os.environ.get("PYTHONUNBUFFERED") or request.get("unbuffered"):
         for name in ("stdout", "stderr"):
             getattr(sys, name).reconfigure(write_through=True, line_buffering=True)
     import random
@@ -218,28 +223,81 @@ def _die_with_stub(conn: socket.socket) -> None:
 
 
 def run(conn: socket.socket, request: dict) -> None:
-    """Run ARGS; what it raises ends this process as it would end `python ARGS` (the
-    interpreter's own shutdown: threads, atexit, mpi4py's MPI_Finalize)."""
+    """Run ARGS and end this process as `python ARGS` would end: anything ARGS raises but
+    sys.exit(code) through the interpreter's own shutdown (a traceback or message, exit 1);
+    a run that returns or exits with a code as well, ended early by _Leave."""
     threading.Thread(target=_die_with_stub, args=(conn,), daemon=True).start()
-    _run_args(request["argv"])
+    code = 0
+    try:
+        names = _run_args(request["argv"])
+    except SystemExit as stop:
+        if stop.code is not None and not isinstance(stop.code, int):
+            raise                       # sys.exit('message'): printed, exit 1
+        code, names = stop.code or 0, stop     # its traceback holds the program's names
+    # The shutdown's first step past its garbage collection sets sys.ps1 (unused by a program
+    # that is not interactive) to None: this object's finalizer then ends the process.  It
+    # keeps the program's names until then, as a __main__ module would.
+    sys.ps1 = _Leave(code, names)
+    sys.exit(code)
 
 
-def _run_args(argv: list[str]) -> None:
+class _Leave:
+    """Cuts the interpreter's shutdown short once it has done what a program sees of it
+    (Py_FinalizeEx: the other threads waited for, the atexit handlers run, the standard streams
+    flushed, the daemon threads stopped, the garbage collected), where it goes on to clear
+    every module: in a forked process that writes to, and so copies, most of the pages it
+    shares with the server (about 0.3 s of CPU a process here, more than a short rank's run).
+    What the clearing would still do that is seen outside is done here: the files left open
+    are closed, and mpi4py's exit handler (registered with Py_AtExit, so run after the
+    clearing) calls MPI_Finalize."""
+
+    def __init__(self, code: int, names):
+        self.code, self.names = code, names
+
+    def __del__(self) -> None:
+        if not sys.is_finalizing():
+            return                      # sys.ps1 replaced by the program: the whole shutdown runs
+        code = self.code
+        try:
+            sys.stdout.flush()
+        except Exception:               # noqa: BLE001 - the interpreter's exit status then
+            code = code or 120
+        standard = {id(s) for s in (sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__, sys.__stderr__)}
+        # The files still open (gc.get_objects leaves out the server's, frozen), the outer
+        # layers first: closing a text file flushes it into its buffer, a buffer into its file.
+        files = [o for o in gc.get_objects() if isinstance(o, io.IOBase) and id(o) not in standard]
+        for f in sorted(files, key=lambda o: 0 if isinstance(o, io.TextIOBase) else 1 if isinstance(o, io.BufferedIOBase) else 2):
+            try:
+                if not f.closed:
+                    f.close()
+            except Exception:           # noqa: BLE001 - as a file closed by its finalizer
+                pass
+        mpi, rc = sys.modules.get("mpi4py.MPI"), getattr(sys.modules.get("mpi4py"), "rc", None)
+        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+            if (rc.initialize if rc.finalize is None else rc.finalize) in (True, "yes"):
+                mpi.Finalize()
+        os._exit(code)
+
+
+def _run_args(argv: list[str]) -> dict:
+    """Run ARGS as `python ARGS` would; the names the program left (its __main__'s)."""
     here = sys.path[1:]
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     import runpy
     if argv[0] == "-m":
         sys.argv = [argv[1], *argv[2:]]
         sys.path[:] = [os.getcwd(), *extra, *[p for p in here if p not in extra]]
-        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        return runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
     elif argv[0] == "-c":
         sys.argv = ["-c", *argv[2:]]
         sys.path[:] = ["", *extra, *[p for p in here if p not in extra]]
-        exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+        names = {"__name__": "__main__", "__builtins__": __builtins__}
+        exec(compile(argv[1], "<string>", "exec"), names)
+        return names
     else:
         sys.argv = list(argv)
         sys.path[:] = [os.path.dirname(os.path.abspath(argv[0])), *extra, *[p for p in here if p not in extra]]
-        runpy.run_path(argv[0], run_name="__main__")
+        return runpy.run_path(argv[0], run_name="__main__")
 
 
 # --- the pytest side ------------------------------------------------------------------------------
@@ -264,6 +322,12 @@ class ForkServer:
             with open(shim, "w") as f:
                 f.write(f'#!/bin/sh\nexec "{sys.executable}" -S "{STUB}" "{self.path}" "{shim}" "$@"\n')
             os.chmod(shim, 0o755)
+        # torchrun is `python -m torch.distributed.run` (its console script calls the same
+        # main), and its workers are `python -u SCRIPT` of the python that runs it: warm both.
+        torchrun = os.path.join(self.bin, "torchrun")
+        with open(torchrun, "w") as f:
+            f.write(f'#!/bin/sh\nexec "{self.python}" -m torch.distributed.run "$@"\n')
+        os.chmod(torchrun, 0o755)
 
     def wait_ready(self) -> None:
         """Until it listens (a stub that comes earlier starts cold, which is only slower)."""

@@ -32,9 +32,13 @@ def forward(group: int, sig: int) -> None:
 
 def main() -> None:
     path, executable, args = sys.argv[1], sys.argv[2], sys.argv[3:]
-    if not args or not (args[0] == "-m" or args[0].endswith(".py")):
-        cold(args)                     # interpreter flags, -c, a REPL: not what a fork can be
-    body = json.dumps({"argv": args, "env": dict(os.environ), "cwd": os.getcwd(), "executable": executable}).encode()
+    # -u (torchrun starts its workers so) asks what PYTHONUNBUFFERED asks, which the fork mends
+    unbuffered = args[:1] == ["-u"]
+    program = args[1:] if unbuffered else args
+    if not program or not (program[0] == "-m" or program[0].endswith(".py")):
+        cold(args)                     # other interpreter flags, -c, a REPL: not what a fork can be
+    body = json.dumps({"argv": program, "env": dict(os.environ), "cwd": os.getcwd(), "executable": executable,
+                       "unbuffered": unbuffered}).encode()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(path)

@@ -60,6 +60,25 @@ def test_exit_codes_tracebacks_and_signals_come_back(script):
     assert proc.wait(timeout=30) == -signal.SIGTERM
 
 
+def test_an_exit_does_what_the_interpreters_shutdown_does(script, tmp_path):
+    """The forked process leaves without clearing its modules (tests/forkserver.py, _leave),
+    yet as the interpreter would: other threads finish, atexit handlers run, files left open
+    are flushed and closed, the exit code is the program's."""
+    warm_session()
+    text, raw = tmp_path / "t.txt", tmp_path / "b.bin"
+    path = script("import atexit, sys, threading, time\n"
+                  f"t = open({str(text)!r}, 'w'); t.write('text')\n"
+                  f"b = open({str(raw)!r}, 'wb'); b.write(b'bytes')\n"
+                  "atexit.register(print, 'atexit')\n"
+                  "threading.Thread(target=lambda: (time.sleep(0.2), print('thread'))).start()\n"
+                  "sys.stdout.write('main')\n"
+                  "sys.exit(int(sys.argv[1]))\n")
+    for code in (0, 3):
+        out = python(path, str(code))
+        assert (out.returncode, out.stdout.split(), out.stderr) == (code, ["mainthread", "atexit"], "")
+        assert (text.read_text(), raw.read_bytes()) == ("text", b"bytes")
+
+
 def test_a_killed_stub_takes_its_process_with_it(script, tmp_path):
     warm_session()
     pidfile = tmp_path / "pid"
@@ -95,6 +114,18 @@ def test_what_a_fork_cannot_be_starts_cold(script, how):
         env["OPENBLAS_NUM_THREADS"] = "1"
     out = python(*args, env=env)
     assert out.returncode == 0 and out.stdout.strip() == "cold", out.stderr
+
+
+def test_unbuffered_and_torchrun_start_warm(script):
+    """`python -u` (how torchrun starts its workers) forks, with unbuffered streams; `torchrun`
+    runs in the server's python, so its workers do too."""
+    warm_session()
+    path = script(WARM + "\nprint(sys.stdout.write_through)")
+    out = python("-u", path)
+    assert out.returncode == 0 and out.stdout.split() == ["warm", "True"], out.stderr
+    out = subprocess.run(["torchrun", "--standalone", "--nproc-per-node", "1", path], capture_output=True, text=True,
+                         timeout=120, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0 and out.stdout.split() == ["warm", "True"], out.stderr
 
 
 @pytest.mark.parametrize("threads", ["1", "2"])

@@ -111,7 +111,7 @@ class ForceStaged(OtherReduce):
         rank).  Both paths add in the same order, so the results must be bitwise equal."""
         comm = self.group.comm
         gen = torch.Generator().manual_seed(1234 + comm.rank)
-        x = torch.randn(max(nbytes // torch.empty(0, dtype=dtype).element_size(), 1), generator=gen).to(dtype)
+        x = torch.randn(max(nbytes // dtype.itemsize, 1), generator=gen).to(dtype)
         out = {}
         for name in names:
             direct = call(name, x.to(device))

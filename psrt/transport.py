@@ -138,11 +138,7 @@ def cuda_aware() -> bool:
     PSRT_CUDA_AWARE=1/0 decides if set; otherwise ask the library (`cuda_support`).
     """
     forced = env.cuda_aware()
-    return _library_cuda_aware() if forced is None else forced
-
-
-def _library_cuda_aware() -> bool:
-    return cuda_support()[0]
+    return cuda_support()[0] if forced is None else forced
 
 
 @functools.lru_cache(maxsize=1)

@@ -31,4 +31,9 @@ for step, (xb, yb) in enumerate(data):
     optimizer.zero_grad()
     mean = accelerator.gather(loss.detach().reshape(1)).mean().item()   # every rank's loss
     accelerator.print(f"step {step}: loss {mean:.6f}")
+# The prepared model (DDP) goes before the process group: a gloo group dropped last by DDP's
+# reducer waits for its worker threads while holding the GIL, which a worker freeing a tensor
+# also needs, and hangs now and then (pytorch/pytorch#56297).
+model = optimizer = data = None
+accelerator.free_memory()               # Accelerate's own references to them
 dist.destroy_process_group()

@@ -38,6 +38,15 @@ def main() -> None:
     args = ap.parse_args()
 
     dist.init_process_group(args.backend)
+    train(args)
+    # The DDP model is gone by now (train returned): its reducer must not be what holds the
+    # process group last.  Dropped from the reducer, a gloo group's destructor waits for its
+    # worker threads while holding the GIL, which a worker freeing a tensor also needs: a
+    # hang now and then (pytorch/pytorch#56297).  Dropped here, it waits without the GIL.
+    dist.destroy_process_group()
+
+
+def train(args: argparse.Namespace) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     data = dataset()
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
@@ -65,7 +74,6 @@ def main() -> None:
         if rank == 0:
             print(f"epoch {epoch}: loss {stats[0].item() / stats[2].item():.6f}  "
                   f"accuracy {stats[1].item() / stats[2].item():.4f}  {time.perf_counter() - start:.2f} s")
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

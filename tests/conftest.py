@@ -228,6 +228,16 @@ def write_hostfile(tmp_path, text, name="hosts"):
     return path
 
 
+def interruptible():
+    """preexec_fn: the signals a person or a scheduler sends get their default action in the
+    child, as from an interactive shell.  A suite run in the background (CI: `cmd &` from a
+    non-interactive shell) has SIGINT ignored, which the child would inherit; Python then
+    installs no KeyboardInterrupt, and psrt's launchers leave an ignored signal ignored."""
+    import signal
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def root_flag():
     """Open MPI refuses root unless told: the planner adds this flag when run as root."""
     return ["--allow-run-as-root"] if os.geteuid() == 0 else []

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import NOWHERE, PYTHON, root_flag
+from conftest import NOWHERE, PYTHON, interruptible, root_flag
 
 from psrt.launch.__main__ import main as launch_main
 
@@ -147,32 +147,51 @@ def job_processes(tag: str) -> list[str]:
     return [line for line in ps.splitlines() if tag in line and " Z" not in line[:12]]
 
 
+def _started(ignored: int | None):
+    """preexec_fn: as from an interactive shell, or with `ignored` ignored (as from the
+    background of a script)."""
+    def preexec():
+        import signal as signals
+        interruptible()
+        if ignored:
+            signals.signal(ignored, signals.SIG_IGN)
+    return preexec
+
+
 def signal_jobs(cases: dict, limit: float = 120) -> dict:
-    """Start each case's launcher of busy_job.py (argv, signal, tag) in its own session, all at
-    once, and send it its signal once its job runs; returns, per case, (exit code, seconds from
-    the signal to the launcher's end, what is left of the job 10 s after the signal)."""
+    """Start each case's launcher of busy_job.py (argv, signal, tag, ignored) in its own
+    session, all at once, and send it its signal once its job runs; a case's `ignored` signal
+    (or None), which its launcher starts with ignored, is sent 2 s before.  Returns, per case,
+    (exit code, whether it still ran after the ignored signal, seconds from the signal to the
+    launcher's end, what is left of the job 10 s after the signal)."""
     import signal as signals
     import time
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_COMM_", "PMIX_", "SLURM_", "PSRT_"))}
     env["PYTHONPATH"] = str(ROOT)
     procs = {name: subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    env=env, stdin=subprocess.DEVNULL, start_new_session=True)
-             for name, (argv, _, _) in cases.items()}
+                                    env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+                                    preexec_fn=_started(ignored))
+             for name, (argv, _, _, ignored) in cases.items()}
     results = {}
     try:
-        sent = {}
         for name, proc in procs.items():
             assert proc.stdout.readline() == "running\n", proc.stderr.read()[-3000:]
+            if cases[name][3]:
+                proc.send_signal(cases[name][3])
+        time.sleep(2)
+        sent = {}
+        for name, proc in procs.items():
+            results[name] = [None, proc.poll() is None]
             sent[name] = time.monotonic()
             proc.send_signal(cases[name][1])
         for name, proc in procs.items():
-            code = proc.wait(timeout=limit)
-            results[name] = [code, time.monotonic() - sent[name]]
+            results[name][0] = proc.wait(timeout=limit)
+            results[name].append(time.monotonic() - sent[name])
         time.sleep(max(0.0, 10 - (time.monotonic() - min(sent.values()))))
-        for name, (_, _, tag) in cases.items():
+        for name, (_, _, tag, _) in cases.items():
             results[name].append(job_processes(tag))
     finally:
-        for name, (_, _, tag) in cases.items():
+        for name, (_, _, tag, _) in cases.items():
             for line in job_processes(tag):       # never leave them to the next test
                 try:
                     os.kill(int(line.split()[0]), signals.SIGKILL)
@@ -185,27 +204,29 @@ def signal_jobs(cases: dict, limit: float = 120) -> dict:
 
 @needs_mpirun
 @pytest.mark.mpi
-# It times the launcher's end (under 8 s) and starts four jobs at once: on this 2-core machine
-# with the suite's other workers busy, a launcher was still running 120 s after its signal in
-# several full runs, and never alone.
+# It times the launcher's end (under 8 s) and starts five jobs at once.
 @pytest.mark.alone
 def test_a_signal_to_mpi_launch_ends_every_rank():
     """SIGTERM (what kill, timeout and batch schedulers send), SIGHUP and SIGINT to mpi_launch
     while its ranks run: it exits with 128 + the signal within a few seconds and nothing of
     the job is left 10 s after the signal, also when the ranks ignore SIGTERM (SIGKILL after
-    the grace)."""
+    the grace).  A signal the launcher was started with ignored (Ctrl-C in the background of a
+    script) changes nothing."""
     import signal as signals
     import uuid
     cases = {}
-    for name, sig, extra in (("term", signals.SIGTERM, ()), ("hup", signals.SIGHUP, ()),
-                             ("int", signals.SIGINT, ()), ("term-ignored", signals.SIGTERM, ("ignore-term",))):
+    for name, sig, extra, ignored in (("term", signals.SIGTERM, (), None), ("hup", signals.SIGHUP, (), None),
+                                      ("int", signals.SIGINT, (), None),
+                                      ("term-ignored", signals.SIGTERM, ("ignore-term",), None),
+                                      ("int-ignored-by-caller", signals.SIGTERM, (), signals.SIGINT)):
         tag = f"psrt-sig-{uuid.uuid4().hex[:10]}"
         # fresh interpreters (not the suite's warm python): the signal goes to mpi_launch
         # itself, and what is left is found by the tag on the ranks' command lines
         argv = [PYTHON, str(ROOT / "mpi_launch"), "-np", "2", PYTHON,
                 str(ROOT / "tests" / "mpi" / "ranks" / "busy_job.py"), tag, *extra]
-        cases[name] = (argv, sig, tag)
-    for name, (code, took, left) in signal_jobs(cases).items():
+        cases[name] = (argv, sig, tag, ignored)
+    for name, (code, ran_on, took, left) in signal_jobs(cases).items():
+        assert ran_on, f"{name}: the launcher ended on a signal it was started with ignored"
         assert code == 128 + cases[name][1], (name, code)
         assert took < 8, (name, took)
         assert left == [], (name, left)

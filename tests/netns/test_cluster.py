@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON
+from conftest import PYTHON, interruptible
 from psrt.errors import PsrtError
 from psrt.launch import cluster as C
 from psrt.launch import cluster_cli as CLI
@@ -236,12 +236,6 @@ def test_signals_take_the_cluster_down(names):
         assert proc.wait(timeout=60) == 128 + sig
         assert "Traceback" not in proc.stderr.read()
         assert_gone(cluster)
-
-
-def interruptible():
-    """Give the child Ctrl-C's default action: a test run in the background (CI) has SIGINT
-    ignored, which the child would inherit, and Python then installs no KeyboardInterrupt."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _running_inside(host: str) -> bool:

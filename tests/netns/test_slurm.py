@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON
+from conftest import PYTHON, interruptible
 from psrt.errors import PsrtError
 from psrt.launch import cluster as C
 from psrt.launch import slurm
@@ -31,7 +31,6 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).parent))
 from test_cluster import _MISSING  # noqa: E402
 from test_cluster import assert_gone as assert_no_cluster  # noqa: E402
-from test_cluster import interruptible  # noqa: E402
 
 _NO_SLURM = None if all(shutil.which(b) or Path("/usr/sbin", b).exists()
                         for b in ("slurmctld", "slurmd", "srun", "munged")) else \

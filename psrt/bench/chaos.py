@@ -4,7 +4,8 @@ whether every run still ends with the parameters of a run that never failed.
 The schedule (psrt/bench/nemesis.py) is drawn first and printed; then each trial runs
 `mpi_launch --restarts 2` (two ranks on this machine, or on two emulated hosts of one rank for
 a lost host or a cut link) or `mpi_launch --in-job-recovery` (three ranks, Open MPI 5 from
-PyPI through scripts/with_mpi.sh) with `python -m psrt.train`, and its fault strikes:
+PyPI through scripts/with_mpi.sh; for a lost host, two emulated hosts of two ranks and one) with
+`python -m psrt.train`, and its fault strikes:
 
 - from inside a rank (PSRT_FAULT, psrt.faults.strike_if_asked) for a SIGKILL, a SIGSTOP and
   the moments of psrt.train (a step, half-way through a checkpoint write, the final evaluation,
@@ -36,7 +37,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from psrt.bench.nemesis import MODES, STRATEGIES, Trial, schedule
+from psrt.bench.nemesis import IN_JOB_RANKS, KINDS, MODES, ON_HOSTS, STRATEGIES, Trial, schedule
 from psrt.bench.report import table
 from psrt.errors import PsrtError
 
@@ -122,12 +123,13 @@ class _Disk:
         subprocess.run(["umount", "-l", str(self.where)], check=False)
 
 
-def _hosts(trial: Trial, folder: Path):
-    """Two emulated hosts of one slot each, named and addressed for this trial alone."""
+def _hosts(trial: Trial, folder: Path, slots: tuple[int, ...]):
+    """Emulated hosts of `slots` ranks each, named and addressed for this trial alone, written
+    to folder/hosts; returns each rank's host (by rank) and the subnet."""
     tag = zlib.crc32(f"{os.getpid()}:{trial.index}:{folder}".encode())
-    names = [f"c{tag % 10**6:06d}n{i}" for i in range(2)]
-    (folder / "hosts").write_text("".join(f"{h} slots=1\n" for h in names))
-    return names, f"198.19.{100 + tag % 100}.0/24"
+    names = [f"c{tag % 10**6:06d}n{i}" for i in range(len(slots))]
+    (folder / "hosts").write_text("".join(f"{h} slots={n}\n" for h, n in zip(names, slots)))
+    return [h for h, n in zip(names, slots) for _ in range(n)], f"198.19.{100 + tag % 100}.0/24"
 
 
 def _cut(host: str, on: bool) -> None:
@@ -195,7 +197,7 @@ def run_trial(trial: Trial, args, work: Path, runs: Runs) -> dict:
                 code = None
             finally:
                 _end(proc)
-                for h in hosts:
+                for h in set(hosts):
                     _cut(h, False)
         text = log_path.read_text(errors="replace")
         if code is None:
@@ -222,10 +224,14 @@ def _command(trial: Trial, args, folder: Path, row: dict) -> tuple[list[str], li
         # Open MPI 5 from PyPI (ULFM), built once by scripts/with_mpi.sh; 3 ranks, so that
         # the survivors are a group of two
         launch = ["bash", str(ROOT / "scripts" / "with_mpi.sh"), "openmpi5", "--", "python",
-                  str(ROOT / "mpi_launch"), "--in-job-recovery", "-np", "3"]
-        row["layout"] = "3 ranks"
-    elif trial.kind in ("host-loss", "link-cut"):
-        hosts, subnet = _hosts(trial, folder)
+                  str(ROOT / "mpi_launch"), "--in-job-recovery", "-np", str(IN_JOB_RANKS)]
+        row["layout"] = f"{IN_JOB_RANKS} ranks"
+        if trial.kind in ON_HOSTS:
+            hosts, subnet = _hosts(trial, folder, (2, 1))
+            launch += ["--emulate", "--hostfile", str(folder / "hosts"), "--subnet", subnet]
+            row["layout"] = "2 hosts: 2+1"
+    elif trial.kind in ON_HOSTS:
+        hosts, subnet = _hosts(trial, folder, (1, 1))
         launch += ["--emulate", "--hostfile", str(folder / "hosts"), "--subnet", subnet]
         row["layout"] = "2 hosts x 1"
     elif trial.strategy == "pp2":
@@ -352,7 +358,8 @@ def _end(proc) -> None:
 
 def campaign(args) -> list[dict]:
     trials = schedule(args.trials, args.seed, args.steps, args.every, args.timeout,
-                      strategies=args.strategies.split(","), modes=args.modes.split(","))
+                      strategies=args.strategies.split(","), modes=args.modes.split(","),
+                      kinds=args.kinds.split(","))
     for t in trials:
         print(t.describe(), file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="psrt-chaos-") as tmp:
@@ -381,7 +388,7 @@ def summary(rows: list[dict]) -> str:
 def command(args) -> int:
     if os.geteuid() != 0:
         raise PsrtError("psrt.bench chaos: its faults (emulated hosts, a tmpfs) need root")
-    for name, allowed in (("strategies", STRATEGIES), ("modes", MODES)):
+    for name, allowed in (("strategies", STRATEGIES), ("modes", MODES), ("kinds", KINDS)):
         unknown = set(getattr(args, name).split(",")) - set(allowed)
         if unknown:
             raise PsrtError(f"psrt.bench chaos --{name}: unknown {', '.join(sorted(unknown))} "
@@ -406,6 +413,7 @@ def add_arguments(p) -> None:
     p.add_argument("--trials", type=int, default=8)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma list of " + ", ".join(STRATEGIES))
+    p.add_argument("--kinds", default=",".join(KINDS), help="fault kinds, comma list of " + ", ".join(KINDS))
     p.add_argument("--modes", default="restarts,in-job",
                    help="restarts (mpi_launch --restarts), in-job (mpi_launch --in-job-recovery: Open MPI 5 "
                         "from PyPI, ULFM, built once by scripts/with_mpi.sh)")

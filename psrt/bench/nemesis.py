@@ -36,8 +36,13 @@ KIND_MOMENTS = {"sigkill": MOMENTS, "sigstop": ("step", "checkpoint", "evaluatio
 # which a --pp 2 grid on two ranks cannot.
 ON_HOSTS = ("host-loss", "link-cut")
 # In-job recovery (ULFM, Open MPI 5) serves a rank lost in a training step, for these strategies
-# (psrt.train.in_job: FULL_REPLICA + FROM_CHECKPOINT).
+# (psrt.train.in_job: FULL_REPLICA + FROM_CHECKPOINT): one killed, or every rank of a lost host
+# (ULFM's heartbeat detector finds them silent).
 IN_JOB_STRATEGIES = ("ring", "zero1", "zero3", "ps", "ps-sharded")
+IN_JOB_KINDS = ("sigkill", "host-loss")
+# In-job trials run three ranks (the survivors are a group of two); with emulated hosts, two
+# ranks on the first host and one on the second, which is the host lost: rank 2's.
+IN_JOB_RANKS, IN_JOB_LOST_RANK = 3, 2
 
 
 @dataclass(frozen=True)
@@ -67,7 +72,7 @@ def applies(kind: str, moment: str, mode: str, strategy: str) -> bool:
         return False
     if mode == "in-job":
         # ULFM reports a dead peer; a stopped one, a full disk or a fault outside a step is not one
-        return kind == "sigkill" and moment == "step" and strategy in IN_JOB_STRATEGIES
+        return kind in IN_JOB_KINDS and moment == "step" and strategy in IN_JOB_STRATEGIES
     return not (strategy == "pp2" and kind in ON_HOSTS)
 
 
@@ -106,6 +111,8 @@ def schedule(trials: int, seed: int, steps: int, every: int, timeout_s: float,
         # A full disk stays full until the run on it has ended; rank 0 writes the checkpoints.
         seconds = round(timeout_s * rng.uniform(1.5, 2.5), 1) if kind in ("sigstop", "link-cut") else 0.0
         rank = rng.randrange(2)
+        if mode == "in-job" and kind in ON_HOSTS:
+            rank = IN_JOB_LOST_RANK
         out.append(Trial(i, kind, moment, mode, strategy, rank=0 if kind == "enospc" else rank, step=step,
                          seconds=seconds))
     return out

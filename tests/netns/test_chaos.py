@@ -1,7 +1,8 @@
 """A seeded chaos campaign: `python -m psrt.bench chaos --trials 8 --seed 1`, every fault kind
 (SIGKILL, SIGSTOP past the timeout, a lost emulated host, a cut link, a full disk) and every
 moment (a step, a checkpoint write, the final evaluation, the final gather, a second fault
-while a restart loads), each trial under `mpi_launch --restarts 2`.  Every trial must end with
+while a restart loads), each trial under `mpi_launch --restarts 2` or, for a SIGKILL or a lost
+host in a step, `--in-job-recovery` (ULFM).  Every trial must end with
 the final parameters of a run that never failed (1e-5), its last checkpoint whole, and the
 campaign must leave no namespace, mount or process behind."""
 from __future__ import annotations
@@ -45,6 +46,7 @@ def test_a_seeded_campaign_of_every_fault_kind_ends_right_every_time(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert {r["kind"] for r in rows} == set(KINDS) and {r["moment"] for r in rows} == set(MOMENTS)
+    assert {r["mode"] for r in rows if r["kind"] == "host-loss"} == {"in-job"}   # ULFM, 2 emulated hosts
     for r in rows:
         assert r["recovered"].startswith("yes") and r["checkpoint"] != "UNREADABLE", r
         if r["kind"] != "enospc":

@@ -36,10 +36,23 @@ def test_what_cannot_apply_is_never_drawn():
     assert not applies("enospc", "step", "restarts", "ring")
     assert not applies("sigstop", "step", "in-job", "ring")         # ULFM sees a dead peer only
     assert applies("sigkill", "step", "in-job", "zero3")
+    assert applies("host-loss", "step", "in-job", "ps")              # ULFM's detector finds the host's ranks silent
+    assert not applies("link-cut", "step", "in-job", "ring")
     trials = schedule(50, 3, steps=12, every=3, timeout_s=4.0, strategies=("pp2",), modes=("restarts",))
     assert not {t.kind for t in trials} & {"host-loss", "link-cut"}
     with pytest.raises(ValueError):
         schedule(8, 1, steps=5, every=3, timeout_s=4.0)
+
+
+def test_an_in_job_host_loss_takes_the_host_of_the_third_rank():
+    """In-job trials run 3 ranks, 2 + 1 on two emulated hosts: the host lost is the second,
+    so that two survivors go on."""
+    trials = schedule(40, 2, steps=12, every=3, timeout_s=4.0, modes=("in-job",))
+    assert {t.kind for t in trials} == {"sigkill", "host-loss"} and {t.moment for t in trials} == {"step"}
+    assert {t.rank for t in trials if t.kind == "host-loss"} == {2}
+    assert {t.rank for t in trials if t.kind == "sigkill"} <= {0, 1}
+    only = schedule(3, 2, steps=12, every=3, timeout_s=4.0, modes=("in-job",), kinds=("host-loss",))
+    assert [t.kind for t in only] == ["host-loss"] * 3
 
 
 @pytest.fixture

@@ -48,5 +48,6 @@ def more(records: list[dict], args) -> list[str]:
     """What psrt.info adds after psrt.launch.info's summary."""
     return predicted(records, args.predict, args.profile) if args.predict else []
 
+
 if __name__ == "__main__":
     sys.exit(main())

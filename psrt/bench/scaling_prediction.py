@@ -21,22 +21,11 @@ STRATEGIES = ("ring", "ring-hier", "zero1", "zero3", "ps", "ps-sharded", "ps-loc
 
 def rows(profile, preset: dict, workers=WORKERS, strategies=STRATEGIES) -> list[dict]:
     """One row per (workers, strategy): predicted step, speed-up, efficiency, what bounds it."""
-    links = presets.links(preset)
-    one = profile.forward_s + profile.backward_s
     out = []
     for w in workers:
         per = min(preset["per_node"], w)
-        if w % per:
-            continue
-        host_of = placement(w // per, per)
-        for s in strategies:
-            p = predict_step(s, profile.forward_s, profile.backward_s, host_of, profile.grad_bytes(), links)
-            if p is None:
-                continue
-            up = speedup(w, one, p.step_s)
-            out.append({"preset": preset["name"], "profile": profile.name, "workers": w,
-                        "nodes": w // per, "strategy": s, "predicted_s": p.step_s, "comm_s": p.comm_s,
-                        "speedup": up, "efficiency": up / w, "bound": p.bound})
+        if w % per == 0:
+            out += placement_rows(profile, preset, placement(w // per, per), strategies)
     return out
 
 

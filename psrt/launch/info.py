@@ -176,7 +176,6 @@ def build_parser() -> ArgumentParser:
     return p
 
 
-
 @cli_main("psrt.info")
 def main(argv: list[str] | None = None, parser: ArgumentParser | None = None, more=None) -> int:
     """`parser`: build_parser()'s, or one that adds options; `more(records, args)`: lines rank 0

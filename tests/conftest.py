@@ -71,7 +71,12 @@ def rank_argv(args: list[str], warm: bool = True) -> list[str]:
 # The tests that make emulated hosts (network namespaces, mounts, Slurm daemons) or look at the
 # whole machine's namespaces run one after another in one group, on one worker: another test's
 # hosts would collide with theirs (hostfiles name the same hosts) or show up in their checks.
+# The Slurm tests are a second such group beside it: their hosts' names are their own (a tag of
+# the process, tests/netns/test_slurm.py), an emulated cluster has no interface, address or
+# route in the root namespace (psrt/launch/cluster.py), and the checks of the first group look
+# only at hosts of their own names; most of their time is spent waiting for Slurm's daemons.
 ONE_AT_A_TIME = ("tests/netns/",)
+BESIDE_THEM = {"tests/netns/test_slurm.py": "slurm", "tests/netns/test_slurm_restart.py": "slurm"}
 EMULATING = ("--emulate", "psrt.cluster", "psrt.bench network", "psrt.bench recovery", "psrt.bench chaos")
 
 
@@ -85,7 +90,7 @@ def _emulates(commands: str) -> bool:
 def _group(item) -> str:
     path = item.nodeid.partition("::")[0]
     if path.startswith(ONE_AT_A_TIME):
-        return "hosts"
+        return BESIDE_THEM.get(path, "hosts")
     block = getattr(getattr(item, "callspec", None), "params", {}).get("block")
     if path == "tests/mpi/test_docs.py" and block is not None:
         # a documented block: with the hosts when it emulates any, else its page's group (a

@@ -207,6 +207,11 @@ def test_cleanup_after_an_error_kills_what_runs_inside(names):
     with pytest.raises(RuntimeError, match="boom"):
         with C.running(cluster):
             left = subprocess.Popen(C.exec_argv(hosts[1], ["sleep", "60"]))
+            # inside before the error (on a loaded machine the agent can take seconds to enter
+            # the namespace, after the cleanup has looked for what runs there)
+            deadline = time.monotonic() + 30
+            while not _running_inside(hosts[1]) and time.monotonic() < deadline:
+                time.sleep(0.05)
             raise RuntimeError("boom")
     assert left.wait(timeout=10) != 0  # ended by the cleanup, not by itself
     assert_gone(cluster)

@@ -100,9 +100,9 @@ class Communicator(Exchanges):
         # interleave with the data of a collective still running on the worker thread.
         self._meta = self.comm.Dup()
         self._checked: set = set()
-        self._agreement = Agreement(self._meta, self.check)
         # Hosts of the ranks now; the two levels' communicators on the first hierarchical call.
         self.topology = hierarchical.Topology.of(self.comm, self._meta)
+        self._agreement = Agreement(self._meta, self.check, self.topology.crowd)
         self.calls = 0
         self.state: tuple = (0, "", None)
         self._ready = ReadyCache(self.comm, self._executor, persistent)    # small all-reduces made ready

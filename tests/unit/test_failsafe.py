@@ -92,3 +92,34 @@ def test_every_claim_of_the_reliability_doc_names_a_test_that_exists():
         for path, name in cited:
             source = (ROOT / path).read_text()
             assert re.search(rf"^def {name}\(", source, re.M), f"{path}::{name} does not exist"
+
+
+def test_a_wait_on_a_crowded_machine_sleeps_sooner(monkeypatch):
+    """Where ranks outnumber the cores, a rank waiting for a late peer polls briefly before it
+    sleeps (the peer may need its core); with a core each it polls for a millisecond first."""
+    from psrt.collectives import agreement
+
+    class Late:
+        tests = 0
+
+        def Test(self):
+            Late.tests += 1
+            return False
+
+    clock = iter(range(10**9))
+    monkeypatch.setattr(agreement.time, "monotonic", lambda: next(clock) * 1e-6)   # 1 us a look
+
+    class Slept(Exception):
+        pass
+
+    def polls_before_sleeping(crowd: float) -> int:
+        Late.tests = 0
+        monkeypatch.setattr(agreement.time, "sleep", lambda s: (_ for _ in ()).throw(Slept()))
+        try:
+            agreement.wait(Late(), agreement.spin_for(crowd))
+        except Slept:
+            return Late.tests
+        raise AssertionError("never slept")
+
+    crowded, spread = polls_before_sleeping(2.0), polls_before_sleeping(1.0)
+    assert crowded * 10 < spread, (crowded, spread)

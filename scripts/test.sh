@@ -7,6 +7,10 @@ PYTHON=${PYTHON:-python3}
 # first variable, Open MPI 5 (PRRTE) the second.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
+# The suite starts thousands of interpreters (ranks, launchers, commands), and each compiled the
+# psrt modules it imports from source where the environment forbids bytecode caches: let Python
+# keep them (__pycache__/, ignored by git).
+unset PYTHONDONTWRITEBYTECODE
 # Side by side on PSRT_TEST_WORKERS workers (pytest-xdist; tests/conftest.py says which tests
 # share a worker): most of a multi-rank test's time is spent waiting (timeouts, Slurm's
 # heartbeats, a rank's start), which another worker's test fills.  `-n 0` runs them one by one.

@@ -84,13 +84,6 @@ def wait(request, spin_s: float = SPIN_S) -> None:
             pause = min(MAX_PAUSE_S, pause * 2)
 
 
-def barrier(comm) -> None:
-    """MPI_Barrier on `comm`, waited on as `wait` does: for joins where the ranks come at
-    different times because one of them had work of its own (the lead worker's evaluation, the
-    files it writes), so that the early ones sleep instead of polling inside MPI for as long."""
-    wait(comm.Ibarrier())
-
-
 class Agreement:
     """The per-call agreement of one Communicator (see the module's docstring).
 

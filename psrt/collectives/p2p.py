@@ -54,3 +54,14 @@ def poll(ready: Callable[[], object], timeout_s: float, fail: Callable[[], str])
         if spins > SPINS:
             time.sleep(pause)
             pause = min(MAX_PAUSE_S, pause * 2)
+
+
+def barrier(comm, timeout_s: float, what: str) -> None:
+    """MPI_Barrier on `comm`, waited on by `poll`: for joins where the ranks come at different
+    times because one of them had work of its own (the lead worker's evaluation, the files it
+    writes), so that the early ones sleep instead of polling inside MPI for as long.  After
+    `timeout_s` it raises PeerTimeout naming `what` (a rank that is alive but never comes is
+    not one the watchdog sees: it waits in no collective)."""
+    request = comm.Ibarrier()
+    poll(request.Test, timeout_s,
+         lambda: f"{what}: not every rank of {comm.size} came within {timeout_s:g} s (PSRT_TIMEOUT)")

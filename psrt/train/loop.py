@@ -18,7 +18,7 @@ import torch
 
 import psrt
 from psrt import env
-from psrt.collectives import agreement
+from psrt.collectives.p2p import barrier
 from psrt.dp import STRATEGIES, precision, strategy_class
 from psrt.dp.base import option_names
 from psrt.dp.common import optimizer_factory
@@ -191,7 +191,8 @@ def train_one(cfg: TrainConfig, dp: str, job: Job, dataset, tracer: Tracer = OFF
     # evaluation and files: waiting by polling inside MPI (in the next strategy's first
     # collective) took the lead's core on a shared CPU, a third of the CPU time of a 4-rank
     # run of 7 strategies on 2 cores.
-    agreement.barrier(job.ctl)
+    barrier(job.ctl, job.dog.timeout_s if job.dog is not None else env.timeout_s(),
+            f"the end of --dp {dp}'s run")
     return row
 
 

@@ -150,3 +150,12 @@ def test_a_users_error_is_one_line_per_rank_naming_the_users_line(tmp_path):
         kept = log.read_text()      # the abort notice, or the daemon's error line two aborts at once leave in its place
         assert "MPI_ABORT was invoked" in kept or "ORTE_ERROR_LOG" in kept, kept
         assert "MPI_ABORT" not in err and "ORTE" not in err and "----" not in err
+
+
+def test_a_join_that_a_rank_never_reaches_ends_with_an_error_naming_it(run_ranks):
+    """psrt.train's join at the end of each strategy's run (psrt.collectives.p2p.barrier) is a
+    wait the watchdog does not see (no rank is in a collective): it has a deadline of its own."""
+    records = run_ranks(2, "late_join.py", "6", "1", timeout=60).check().records()
+    late = next(r for r in records if r["rank"] == 1)
+    assert late["said"] == "the test's join: not every rank of 2 came within 1 s (PSRT_TIMEOUT)", late
+    assert 1 <= late["waited"] < 5, late

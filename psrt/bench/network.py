@@ -49,11 +49,13 @@ class Layout:
 
 
 def defaults(quick: bool = False, quiet: bool = False):
-    """The regime's settings as `python -m psrt.bench network` has them (and --quick)."""
+    """The regime's settings as `python -m psrt.bench network` has them (and --quick): read
+    from the command's own parser, so that every option it gains is here too."""
     import argparse
-    ns = argparse.Namespace(rates=["1gbit", "100mbit"], host_counts=[2, 4, 8], size=64 << 20,
-                            layouts=[Layout(2, 4), Layout(4, 2)], floor=True, warmup=1, repeats=3,
-                            quiet=quiet, prefix="psrt-h")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    ns = parser.parse_args(["--quiet"] * quiet + ["--quick"] * quick)
+    check(ns)
     return quicken(ns) if quick else ns
 
 

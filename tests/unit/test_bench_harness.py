@@ -127,3 +127,19 @@ def test_bench_uses_only_public_names_of_other_packages():
                        "from psrt.dp import memory\nmemory._storages([])\nimport psrt.launch.cluster as C\nC._x\n"
                        "from psrt.bench.jobs import _env\n")
     assert len(_private_uses(sample)) == 4
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_the_suite_runs_the_network_regime_with_every_option_the_command_has(quick):
+    """The suite's network part builds its settings as `python -m psrt.bench network` parses
+    them: an option the command gains (its hosts' subnet) is there too, or the part would stop
+    on a missing attribute after minutes of the suite."""
+    from psrt.bench import network
+    from psrt.bench.__main__ import build_parser
+    args = build_parser().parse_args(["network"] + (["--quick"] if quick else []))
+    network.check(args)
+    if quick:
+        network.quicken(args)
+    mine = vars(network.defaults(quick))
+    theirs = {k: v for k, v in vars(args).items() if k not in ("command", "run")}
+    assert mine == theirs

@@ -38,7 +38,7 @@ SUBNET = "198.18.9.0/24"
 LAYOUTS = ((1, 1), (2, 1), (2, 2), (4, 2), (4, 4))
 STRATEGIES = ("ring", "native", "zero1", "zero3", "ps", "ps-sharded")
 MULTI = ("ring-hier", "ps-local", "ring-auto")       # on hosts of several ranks only
-DEFAULTS = {"layouts": "1x1,2x1,2x2,4x2,4x4", "strategies": ",".join(STRATEGIES), "profiles": "resnet50,vgg16",
+DEFAULTS = {"layouts": "1x1,2x1,2x2,2x4,4x2,4x4", "strategies": ",".join(STRATEGIES), "profiles": "resnet50,vgg16",
             "steps": 6}
 QUICK = {"layouts": LAYOUTS[:4], "strategies": ("ring", "zero1", "ps"), "profiles": ["resnet50"], "steps": 4}
 
@@ -327,6 +327,10 @@ def command(args) -> int:
     print(f"# {payload['stands_for']}")
     print(f"# this machine: {payload['cores']} cores; a cell 'bound by cpu' waited for cores (not a network result)")
     report.table(payload["rows"], COLUMNS)
+    from psrt.bench import goal, scaling_goals
+    judged = scaling_goals.goals(payload)
+    goal.print_goals(judged)
+    payload["goals"] = goal.rows(judged)
     if args.json:
         report.write_json(args.json, payload)
     if args.plot:

@@ -23,8 +23,10 @@ torch-suite: install
 	$(PYTHON) scripts/torch_suite.py --np 2,3,4 --log out/torch_suite.log
 	$(PYTHON) scripts/torch_suite.py --np 2,3,4 --backend gloo --log out/torch_suite_gloo.log
 
+# Every benchmark the results pages show, run again, its output written into the pages with the
+# date and the machine (psrt.bench publish; root for the emulated hosts; about an hour here).
 bench: install
-	$(PYTHON) -m psrt.bench suite --out out/bench
+	$(PYTHON) -m psrt.bench publish
 
 tune: install
 	$(PYTHON) -m psrt.bench tune --np 2,4,8

@@ -18,6 +18,7 @@
     python -m psrt.bench scaling --quick          # speed-up 1..8 workers on emulated accelerators (root)
     python -m psrt.bench chaos --trials 8 --seed 1      # seeded faults at random moments (root)
     ./mpi_launch -np 4 python -m psrt.bench backup      # backup workers with a straggler: time and loss
+    python -m psrt.bench publish                  # run the results pages' commands into them (make bench)
 
 Each subcommand is a module of this package with HELP, add_arguments(parser) and
 command(args) -> exit code; COMMANDS is the registry.
@@ -31,7 +32,7 @@ import sys
 from psrt.errors import ArgumentParser, cli_main
 
 COMMANDS = ("demo", "suite", "collectives", "training", "c10d", "horovod", "memory", "moe", "pipeline", "pingpong", "network", "oversubscription", "tune",
-            "recovery", "chaos", "backup", "scaling")
+            "recovery", "chaos", "backup", "scaling", "publish")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -98,7 +98,8 @@ def blocks(page: Path) -> list[Block]:
         if not fence or fence.group("lang").strip() != "sh" or \
                 any(line.strip() and not line.strip().startswith("<!-- docs:") for line in between.splitlines()):
             raise ValueError(f"{where}: a bench mark must stand right before a ```sh block")
-        heads = re.findall(r"^(#+) (.+)$", text[:mark.start()], re.M)
+        # the headings above the mark, not the "# ..." lines of the outputs between them
+        heads = re.findall(r"^(#+) (.+)$", FENCE.sub("", text[:mark.start()]), re.M)
         level, section = (len(heads[-1][0]), heads[-1][1]) if heads else (1, page.stem)
         found.append(Block(page, mark.group("name"), fence.group("body"), fence.end(),
                            text[:mark.start()].count("\n") + 1, section, level,

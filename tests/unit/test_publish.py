@@ -23,6 +23,10 @@ Prose between.
 
 ### Second section
 
+```text
+# a comment line of some output, not a heading
+```
+
 <!-- bench: broken -->
 ```sh
 echo partial-output; exit 3

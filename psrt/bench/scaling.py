@@ -19,6 +19,7 @@ ping-pong) and its error.  --plot draws speed-up against workers.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -316,6 +317,21 @@ def predict_command(args) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _children_on_stderr():
+    """Each launch's own summary goes to stderr, beside the progress: stdout is the bench's
+    table and goals alone (what `make bench` publishes)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def command(args) -> int:
     if args.predict:
         return predict_command(args)
@@ -323,7 +339,8 @@ def command(args) -> int:
     from psrt.bench import report
     from psrt.launch import cluster as C
     C.require_netns()
-    payload = run(args)
+    with _children_on_stderr():
+        payload = run(args)
     print(f"# {payload['stands_for']}")
     print(f"# this machine: {payload['cores']} cores; a cell 'bound by cpu' waited for cores (not a network result)")
     report.table(payload["rows"], COLUMNS)

@@ -4,6 +4,7 @@ auto beside the fastest ring), and draws the PNG; nothing of the cluster is left
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,9 @@ def test_a_small_scaling_run_fills_every_cell(tmp_path):
     auto = next(r for r in rows if r["strategy"] == "ring-auto")
     assert auto["auto_vs_fastest"] is not None
     assert "stands for the same accelerators on links of" in proc.stdout
+    # stdout is the bench's table and goals; each launch's own summary went to stderr
+    assert "memory per rank" not in proc.stdout and "memory per rank" in proc.stderr
+    assert re.search(r"^goal (met|MISSED|n/a): resnet50, the servers: ", proc.stdout, re.M), proc.stdout[-2000:]
     assert png.stat().st_size > 0
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert "psrt-t" not in names

@@ -309,6 +309,12 @@ def _supervise(proc, copier, ending: Ending) -> int:
         for s, handler in old.items():
             signal.signal(s, handler)
     if caught:
+        # The job is over; a caller that had a handler of its own for the signal (an emulated
+        # cluster's `running`, which takes its hosts down) gets it now, instead of carrying on
+        # to its next job as if this one had merely failed.
+        handler = old.get(caught[0])
+        if callable(handler) and handler is not signal.default_int_handler:
+            handler(caught[0], None)
         return 128 + caught[0]
     if ending.at is not None and 0 in (code, ending.code):
         # a job seen to end badly did not succeed; one whose survivors all finished did, whatever

@@ -4,11 +4,15 @@ directory kept and named in one line when the job failed."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 from psrt.errors import PsrtError
 from psrt.launch import logs as L
@@ -95,3 +99,28 @@ def test_run_job_keeps_the_notices_of_a_failed_job_only(tmp_path, capfd):
     said = "[rank 1] psrt: error: RuntimeError: boom (x.py:3) (MPI's abort notice: FILE)\n"
     assert mpi.run_job(_job(tmp_path, 1, said + ABORT), env, quiet_exit=True) == 1
     assert capfd.readouterr().err == said and len(list((tmp_path / "logs").iterdir())) == 2
+
+
+def test_a_signal_stops_the_job_then_reaches_the_callers_own_handler(tmp_path):
+    """SIGTERM during run_job goes to the launcher; once the job is over the caller's own
+    handler runs (an emulated cluster's `running` raises SystemExit there and takes its hosts
+    down), so a bench does not start its next job after being told to stop."""
+    script = tmp_path / "caller.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, sys, threading, time
+        sys.path.insert(0, {str(ROOT)!r})
+        from psrt.launch import mpi
+        def stop(signum, frame):
+            raise SystemExit(100 + signum)
+        signal.signal(signal.SIGTERM, stop)
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        t0 = time.monotonic()
+        try:
+            mpi.run_job([sys.executable, "-c", "import time; time.sleep(30)"], dict(os.environ))
+        finally:
+            print(f"returned after {{time.monotonic() - t0:.1f}} s", flush=True)
+        print("went on to the next job", flush=True)
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 100 + signal.SIGTERM, done.stdout + done.stderr
+    assert "went on" not in done.stdout and float(done.stdout.split()[2]) < 20

@@ -29,6 +29,7 @@ import platform
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -230,17 +231,48 @@ def _unmet(need: str | None) -> str | None:
     return None
 
 
+STOP_GRACE_S = 120     # for a stopped block to take its emulated hosts down
+
+
 def run(block: Block) -> tuple[int, str, float]:
-    """Run a block's commands; (exit code, what they printed, seconds)."""
+    """Run a block's commands; (exit code, what they printed, seconds).  Past its timeout, or
+    when this process is stopped (Ctrl-C, SIGTERM), the block's whole process group gets
+    SIGTERM and time to clean up (a bench's emulated hosts), then SIGKILL."""
     t0 = time.monotonic()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(["bash", "-e", "-o", "pipefail", "-c", block.commands], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT if block.stderr else None,
+                            start_new_session=True)
     try:
-        done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block.commands], cwd=ROOT, env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT if block.stderr else None,
-                              timeout=block.timeout)
+        out, _ = proc.communicate(timeout=block.timeout)
     except subprocess.TimeoutExpired:
+        _stop(proc)
         return 124, "", time.monotonic() - t0
-    return done.returncode, done.stdout, time.monotonic() - t0
+    except BaseException:
+        _stop(proc)
+        raise
+    return proc.returncode, out, time.monotonic() - t0
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the block's process group; SIGKILL to what is left of it after the grace
+    (the shell may end at once while the bench it started is still taking its hosts down)."""
+    def group(sig) -> bool:
+        try:
+            os.killpg(proc.pid, sig)
+            return True
+        except ProcessLookupError:
+            return False
+    group(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    try:
+        proc.communicate(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    while time.monotonic() < deadline and group(0):
+        time.sleep(0.1)
+    group(signal.SIGKILL)
+    proc.communicate()
 
 
 def add_arguments(ap) -> None:
@@ -249,6 +281,9 @@ def add_arguments(ap) -> None:
 
 
 def command(args) -> int:
+    # SIGTERM (a deadline's `timeout`, a batch system) as Ctrl-C: the running block is stopped
+    # and cleans up (run) before this process ends
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     every = [b for page in pages() for b in blocks(page)]
     twice = sorted({b.name for b in every if sum(c.name == b.name for c in every) > 1})
     if twice:

@@ -117,3 +117,27 @@ def test_readme_headlines_come_from_the_published_output(tmp_path):
     assert readme.read_text() == ("# R\n\n<!-- bench headlines -->\n"
                                   "- **First section**: hello 1.5x ([output](docs/results.md#first-section)).\n"
                                   "<!-- /bench headlines -->\nend\n")
+
+
+def test_a_stopped_publish_lets_the_running_block_clean_up(tmp_path):
+    """SIGTERM to `publish` (a deadline, a batch system) reaches the running block's whole
+    process group, not only its shell, and waits for it: a bench stopped there takes its
+    emulated hosts down before the publish ends."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    cleaned = tmp_path / "cleaned"
+    page = _page(tmp_path, f"# T\n\n<!-- bench: slow -->\n```sh\n{sys.executable} -c \"import signal, sys, time\n"
+                 f"def stop(*a):\n    time.sleep(1); open('{cleaned}', 'w').write('down'); sys.exit(143)\n"
+                 f"signal.signal(signal.SIGTERM, stop); print('started', flush=True); time.sleep(60)\"\n```\n")
+    runner = tmp_path / "runner.py"
+    runner.write_text(f"import signal\nfrom pathlib import Path\nfrom psrt.bench import publish\n"
+                      f"signal.signal(signal.SIGTERM, signal.default_int_handler)\n"
+                      f"publish.publish(publish.blocks(Path({str(page)!r})), 'here')\n")
+    proc = subprocess.Popen([sys.executable, str(runner)], stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    assert proc.returncode != 0 and cleaned.read_text() == "down"
+    assert "bench output" not in page.read_text()

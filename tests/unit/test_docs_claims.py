@@ -42,3 +42,65 @@ def test_results_that_did_not_reproduce_say_so():
     text = " ".join((DOCS / "explanation" / "results.md").read_text().split())
     assert "**This order did not hold in later runs.**" in text          # --algorithm auto, two hosts
     assert "The step columns are one run and did not reproduce" in text  # bench memory
+
+
+# ------------------------------------------------------------- results published, not typed
+
+from psrt.bench import publish  # noqa: E402
+
+# A figure measured: a time, a rate, a share or a ratio (inputs such as 16 MiB, 1 Gbit/s or 4
+# ranks are not).
+MEASURED = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:\s?(?:ms|us|µs|s|min|GB/s|MB/s|samples/s)(?![\w/])|%|x(?![\w]))")
+REGIONS = re.compile(r"<!-- bench output: [\w.-]+ -->.*?<!-- /bench output -->|"
+                     r"<!-- bench headlines -->.*?<!-- /bench headlines -->", re.S)
+COMMENTS = re.compile(r"<!--.*?-->", re.S)
+COMMANDS = re.compile(r"^```(?:sh|console)\n.*?^```[ \t]*$", re.M | re.S)
+
+
+def _typed(text: str) -> str:
+    """A page's text less what make bench wrote, its commands and its comments."""
+    return COMMENTS.sub("", COMMANDS.sub("", REGIONS.sub("", text)))
+
+
+def _measured_sections(text: str) -> str:
+    """The sections of a page whose heading starts with "Measured"."""
+    parts = re.split(r"(?m)^(?=#+ )", text)
+    return "".join(p for p in parts if re.match(r"#+ Measured", p))
+
+
+def _results_text() -> dict[str, str]:
+    """What was typed by hand on the results pages: all of results.md, the "Measured" sections
+    of the others, README's short results."""
+    readme = _typed((ROOT / "README.md").read_text())
+    short = readme.split("## Results in short", 1)[1].split("\n## ", 1)[0]
+    return {
+        "docs/explanation/results.md": _typed((DOCS / "explanation" / "results.md").read_text()),
+        "docs/explanation/benchmarks.md (Measured)": _measured_sections(_typed((DOCS / "explanation" / "benchmarks.md").read_text())),
+        "docs/explanation/scaling.md (Measured)": _measured_sections(_typed((DOCS / "explanation" / "scaling.md").read_text())),
+        "README.md (Results in short)": short,
+    }
+
+
+@pytest.mark.parametrize("where", list(_results_text()))
+def test_no_figure_on_the_results_pages_is_typed_by_hand(where):
+    typed = _results_text()[where]
+    hits = [(typed[:m.start()].count("\n") + 1, m.group(0)) for m in MEASURED.finditer(typed)]
+    assert not hits, f"{where}: figures typed by hand (publish them with a bench block): {hits[:10]}"
+    pasted = re.findall(r"(?m)^```text$", typed)
+    assert not pasted, f"{where}: {len(pasted)} text block(s) of output pasted by hand"
+
+
+def test_every_published_block_has_its_output_with_date_and_machine():
+    for page in publish.pages():
+        text = page.read_text()
+        for block in publish.blocks(page):
+            span = publish.region(text, block)
+            assert span, f"{block.where}: bench block {block.name} has never been published (make bench)"
+            assert re.search(r"^\*(Published by `make bench`|Measured by) .*\d{4}-\d\d-\d\d .* on .*\*$",
+                             text[span[0]:span[1]], re.M), f"{block.where}: {block.name}'s output says no date or machine"
+
+
+def test_readme_headlines_are_the_published_ones():
+    readme = (ROOT / "README.md").read_text()
+    shown = readme.split(publish.HEADLINES, 1)[1].split(publish.HEADLINES_END, 1)[0].strip().splitlines()
+    assert shown == publish.headlines(), "README's headlines differ from the published output: run make bench"

@@ -35,6 +35,8 @@ import sys
 import time
 from pathlib import Path
 
+from psrt.errors import PsrtError
+
 HELP = "run the results pages' benchmarks and write their output into the pages (make bench)"
 ROOT = Path(__file__).resolve().parents[2]
 MARK = re.compile(r"^<!-- bench: (?P<name>[\w.-]+)(?P<opts>[^\n]*?) -->[ \t]*$", re.M)
@@ -81,9 +83,9 @@ def _options(text: str, where: str) -> dict:
     for word in shlex.split(text):
         key, _, value = word.partition("=")
         if key not in ("include", "images", "stderr", "needs", "timeout", "headline"):
-            raise ValueError(f"{where}: unknown bench option {key!r}")
+            raise PsrtError(f"{where}: unknown bench option {key!r}")
         if key == "needs" and value not in NEEDS:
-            raise ValueError(f"{where}: needs={value!r}: one of {', '.join(NEEDS)}")
+            raise PsrtError(f"{where}: needs={value!r}: one of {', '.join(NEEDS)}")
         opts[key] = True if key == "stderr" else float(value) if key == "timeout" else value
     return opts
 
@@ -98,7 +100,7 @@ def blocks(page: Path) -> list[Block]:
         between = text[mark.end():fence.start()] if fence else ""
         if not fence or fence.group("lang").strip() != "sh" or \
                 any(line.strip() and not line.strip().startswith("<!-- docs:") for line in between.splitlines()):
-            raise ValueError(f"{where}: a bench mark must stand right before a ```sh block")
+            raise PsrtError(f"{where}: a bench mark must stand right before a ```sh block")
         # the headings above the mark, not the "# ..." lines of the outputs between them
         heads = re.findall(r"^(#+) (.+)$", FENCE.sub("", text[:mark.start()]), re.M)
         level, section = (len(heads[-1][0]), heads[-1][1]) if heads else (1, page.stem)

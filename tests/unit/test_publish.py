@@ -7,6 +7,7 @@ import datetime as dt
 import pytest
 
 from psrt.bench import publish
+from psrt.errors import PsrtError
 
 PAGE = """# Title
 
@@ -60,7 +61,7 @@ def test_blocks_are_read_with_their_options_and_section(tmp_path):
     ("<!-- bench: x needs=tpu -->\n```sh\necho\n```\n", "needs='tpu'"),
 ])
 def test_a_bad_mark_is_one_line_naming_the_page_and_line(tmp_path, text, why):
-    with pytest.raises(ValueError, match=why) as e:
+    with pytest.raises(PsrtError, match=why) as e:
         publish.blocks(_page(tmp_path, "# T\n\n" + text))
     assert "page.md:3" in str(e.value)
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import os
-import platform
 import re
 import shlex
 import shutil
@@ -35,6 +34,7 @@ import sys
 import time
 from pathlib import Path
 
+from psrt.bench import report
 from psrt.errors import PsrtError
 
 HELP = "run the results pages' benchmarks and write their output into the pages (make bench)"
@@ -117,27 +117,6 @@ def region(text: str, block: Block) -> tuple[int, int] | None:
         return None
     end = text.find(REGION_END, start)
     return (start, end + len(REGION_END)) if end >= 0 else None
-
-
-def machine() -> str:
-    """This machine in words: cores, memory, OS, MPI, torch, Python."""
-    try:
-        mem = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text()).group(1)) / 2**20
-        memory = f" with {mem:.0f} GiB"
-    except (OSError, AttributeError):
-        memory = ""
-    try:
-        osname = re.search(r'PRETTY_NAME="([^"]+)"', Path("/etc/os-release").read_text()).group(1)
-    except (OSError, AttributeError):
-        osname = platform.system()
-    # MPI's version from a child: importing mpi4py here would start MPI in this process,
-    # whose environment the published commands' mpirun would then inherit.
-    mpi = subprocess.run([sys.executable, "-c", "from mpi4py import MPI; "
-                          "print(MPI.Get_library_version().splitlines()[0].split(', package')[0])"],
-                         capture_output=True, text=True).stdout.strip() or "no MPI"
-    import torch
-    return (f"a {os.cpu_count()}-core {platform.machine()} machine{memory} ({osname}, {mpi}, "
-            f"torch {torch.__version__}, Python {platform.python_version()})")
 
 
 def _include(path: Path, name: str, level: int) -> str:
@@ -301,7 +280,7 @@ def command(args) -> int:
         for b in every:
             print(f"{b.name:<24} {b.where:<42} {b.commands.strip().splitlines()[0]}")
         return 0
-    failed = publish(chosen, machine())
+    failed = publish(chosen, report.machine())
     write_headlines()
     if failed:
         print(f"psrt.bench publish: {len(failed)} block(s) failed: {', '.join(failed)}", file=sys.stderr)

@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import platform
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -86,6 +90,27 @@ def mpi_version() -> str:
     """The first line of the MPI library's version string."""
     from mpi4py import MPI
     return MPI.Get_library_version().splitlines()[0].strip()
+
+
+def machine() -> str:
+    """This machine in words: cores, memory, OS, MPI, torch, Python."""
+    try:
+        mem = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text()).group(1)) / 2**20
+        memory = f" with {mem:.0f} GiB"
+    except (OSError, AttributeError):
+        memory = ""
+    try:
+        osname = re.search(r'PRETTY_NAME="([^"]+)"', Path("/etc/os-release").read_text()).group(1)
+    except (OSError, AttributeError):
+        osname = platform.system()
+    # MPI's version from a child: importing mpi4py here would start MPI in this process, whose
+    # environment the MPI jobs it starts (the suite's, make bench's) would then inherit.
+    mpi = subprocess.run([sys.executable, "-c", "from mpi4py import MPI; "
+                          "print(MPI.Get_library_version().splitlines()[0].split(', package')[0])"],
+                         capture_output=True, text=True).stdout.strip() or "no MPI"
+    import torch
+    return (f"a {os.cpu_count()}-core {platform.machine()} machine{memory} ({osname}, {mpi}, "
+            f"torch {torch.__version__}, Python {platform.python_version()})")
 
 
 def need(ok: bool, text: str) -> None:

@@ -17,8 +17,6 @@ holds the tables, the goals as ratios measured in this run, and the machine they
 from __future__ import annotations
 
 import datetime
-import os
-import platform
 import sys
 from pathlib import Path
 
@@ -286,16 +284,6 @@ def network_section(payload: dict) -> str:
             + "\n\n![time vs hosts](network.png)\n\n" + report.md_table(payload["rows"], network.COLUMNS))
 
 
-def machine() -> str:
-    import torch
-    try:
-        mpi = report.mpi_version().split(", package")[0].strip()
-    except Exception:  # noqa: BLE001 - the report must not fail over a label
-        mpi = "unknown MPI"
-    return (f"{platform.node()}: {os.cpu_count()} cores, {platform.system()} {platform.release()}, "
-            f"Python {platform.python_version()}, torch {torch.__version__}, {mpi}")
-
-
 def command_line(args) -> str:
     """The suite command that gives this report, every option that differs from the default."""
     parts = ["python -m psrt.bench suite"]
@@ -311,7 +299,7 @@ def command_line(args) -> str:
 def markdown(args, sections: list[str], goals: list[Goal]) -> str:
     head = [f"# psrt benchmark report{' (--quick)' if args.quick else ''}\n",
             f"- command: `{command_line(args)}`",
-            f"- machine: {machine()}",
+            f"- machine: {report.machine()}",
             f"- date: {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}\n",
             "## Goals, as measured in this run\n"]
     head.append(report.md_table(goal.rows(goals), goal.COLUMNS) if goals else "(no goal applies to the parts run)\n")

@@ -11,6 +11,17 @@ export OMPI_MCA_rmaps_base_oversubscribe=1 PRTE_MCA_rmaps_default_mapping_policy
 # psrt modules it imports from source where the environment forbids bytecode caches: let Python
 # keep them (__pycache__/, ignored by git).
 unset PYTHONDONTWRITEBYTECODE
+# Ranks that wait in a blocking MPI call spin on sched_yield(2), which the suite makes a short
+# sleep (tests/idle_sleep.c says why); without a C compiler the suite runs as it is.
+SHIM=build/idle_sleep.so
+if [ ! -e "$SHIM" ] || [ tests/idle_sleep.c -nt "$SHIM" ]; then
+    mkdir -p build
+    ${CC:-cc} -O2 -shared -fPIC -o "$SHIM" tests/idle_sleep.c 2>/dev/null \
+        || echo "test.sh: no C compiler: waiting ranks spin (the suite takes longer)" >&2
+fi
+if [ -e "$SHIM" ]; then
+    export LD_PRELOAD="$PWD/$SHIM${LD_PRELOAD:+:$LD_PRELOAD}"
+fi
 # Side by side on PSRT_TEST_WORKERS workers (pytest-xdist; tests/conftest.py says which tests
 # share a worker): most of a multi-rank test's time is spent waiting (timeouts, Slurm's
 # heartbeats, a rank's start), which another worker's test fills.  `-n 0` runs them one by one.

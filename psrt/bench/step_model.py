@@ -1,10 +1,16 @@
 """A training step's predicted time on a placement: a profile's compute plus the strategy's
 communication from psrt's alpha-beta models, with the overlap of backward the strategy has.
 
-    step = forward + max(backward, comm)   ring-like with overlap (DDP buckets reduce while
-                                           backward runs: Li et al., "PyTorch Distributed",
-                                           VLDB 2020, sec. 3.2.3; the last bucket is not
-                                           hidden, which this bound leaves out)
+    step = forward + max(backward, comm)   ring-like with overlap, given only the total
+                                           (DDP buckets reduce while backward runs: Li et al.,
+                                           "PyTorch Distributed", VLDB 2020, sec. 3.2.3)
+    step = forward + max(backward, end)    the same given the buckets: gradients grouped in
+                                           backward order into buckets of at least the bucket
+                                           size (psrt.dp.common.group_by_bytes), each ready when
+                                           its last gradient appears and reduced after the one
+                                           before it (one stream), so `end` = the last bucket's
+                                           end; a model whose gradients fit one bucket hides
+                                           nothing
     step = forward + backward + comm       the parameter servers (a worker pushes after its
                                            backward and waits for the pull: psrt/dp/ps.py),
                                            zero3 (its gathers wait on each unit)
@@ -18,11 +24,15 @@ No torch and no MPI here: tests/unit/test_scaling_model.py checks it alone.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from psrt.collectives import cost
 from psrt.dp import traffic
 
+# psrt.train's default --bucket-mb (DDPOptions.bucket_mb: PyTorch DDP's bucket_cap_mb), which
+# the scaling bench's runs keep.
+BUCKET_BYTES = 25 * 2 ** 20
 OVERLAPPED = ("ring", "native", "zero1", "zero2", "ring-hier", "ring-auto")
 # The cells' names for the strategies that need a flag besides --dp.
 VARIANTS = {"ring-hier": ("ring", ["--algorithm", "hierarchical"]),
@@ -64,16 +74,41 @@ def comm_time(strategy: str, host_of: list[int], grad_bytes: float, links: cost.
 
 
 def predict_step(strategy: str, forward_s: float, backward_s: float, host_of: list[int], grad_bytes: float,
-                 links: cost.Links) -> Step | None:
-    """The step of `strategy` (see the module); None where no model covers it."""
+                 links: cost.Links, buckets: list[tuple[float, int]] | None = None) -> Step | None:
+    """The step of `strategy` (see the module); None where no model covers it.  `buckets`:
+    (seconds from the start of backward at which it is ready, bytes) of each gradient bucket in
+    launch order (`gradient_buckets`); without them the overlapped strategies hide all of
+    their communication behind backward that backward's length allows."""
     comm = comm_time(strategy, host_of, grad_bytes, links)
     if comm is None:
         return None
-    if strategy in OVERLAPPED:
-        step = forward_s + max(backward_s, comm)
-    else:
-        step = forward_s + backward_s + comm
-    return Step(forward_s + backward_s, comm, step)
+    if strategy not in OVERLAPPED:
+        return Step(forward_s + backward_s, comm, forward_s + backward_s + comm)
+    if not buckets:
+        return Step(forward_s + backward_s, comm, forward_s + max(backward_s, comm))
+    end, total = 0.0, 0.0
+    for ready_s, nbytes in buckets:
+        each = comm_time(strategy, host_of, nbytes, links)
+        end, total = max(end, ready_s) + each, total + each
+    return Step(forward_s + backward_s, total, forward_s + max(backward_s, end))
+
+
+def gradient_buckets(profile, bucket_bytes: float, itemsize: int = 4) -> list[tuple[float, int]]:
+    """(ready seconds from the start of backward, bytes) of each bucket psrt's DDP makes of a
+    profile's gradients: tensors in backward order (the last layer's first) grouped into
+    buckets of at least `bucket_bytes` (the rule of psrt.dp.common.group_by_bytes), each ready
+    when its last tensor's layer has finished its backward (Profile.gradient_times)."""
+    out, size, ready = [], 0, 0.0
+    for layer, at in reversed(list(zip(profile.layers, profile.gradient_times()))):
+        for _, shape in reversed(layer.params):
+            if size and size >= bucket_bytes:
+                out.append((ready, size))
+                size = 0
+            size += math.prod(shape) * itemsize
+            ready = at
+    if size:
+        out.append((ready, size))
+    return out
 
 
 def placement(hosts: int, per_host: int) -> list[int]:

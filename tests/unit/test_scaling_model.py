@@ -126,3 +126,38 @@ def test_psrt_info_predicts_for_the_jobs_own_placement():
     ring = next(row for row in table if row.split()[4] == "ring")
     hier = next(row for row in table if row.split()[4] == "ring-hier")
     assert float(ring.split()[5]) > float(hier.split()[5])    # 2 nodes on 25 Gbit/s: the two-level ring wins
+
+
+# ---------------------------------------------------------------- buckets during backward
+def _profile(layers):
+    """A profile of (name, elements, backward seconds) layers, forward 1 ms each."""
+    from psrt.train.profile import Layer, Profile
+    return Profile("t", 8, tuple(Layer(n, ((f"{n}.w", (k,)),), 1e-3, b) for n, k, b in layers))
+
+
+def test_buckets_follow_backward_order_and_ready_when_their_last_gradient_appears():
+    # backward runs c, b, a: c's gradient at 1 ms, b's at 3 ms, a's at 6 ms
+    prof = _profile([("a", 1000, 3e-3), ("b", 1000, 2e-3), ("c", 3000, 1e-3)])
+    got = step_model.gradient_buckets(prof, 8000)      # at least 8000 B: c (12000 B), then b + a
+    assert got == [(pytest.approx(1e-3), 12000), (pytest.approx(6e-3), 8000)]
+    assert step_model.gradient_buckets(prof, 1 << 30) == [(pytest.approx(6e-3), 20000)]
+
+
+def test_one_bucket_hides_nothing_and_early_buckets_hide_behind_backward():
+    host_of = step_model.placement(4, 1)
+    comm = step_model.comm_time("ring", host_of, 1 << 20, GBIT)
+    one = step_model.predict_step("ring", 0.01, 0.02, host_of, 1 << 20, GBIT, [(0.02, 1 << 20)])
+    assert one.step_s == pytest.approx(0.01 + 0.02 + comm)
+    # four quarter buckets ready through backward: only what is left after backward shows
+    quarters = [(0.005 * (i + 1), 1 << 18) for i in range(4)]
+    four = step_model.predict_step("ring", 0.01, 0.02, host_of, 1 << 20, GBIT, quarters)
+    each = step_model.comm_time("ring", host_of, 1 << 18, GBIT)
+    end = 0.0
+    for ready, _ in quarters:
+        end = max(end, ready) + each
+    assert four.step_s == pytest.approx(0.01 + max(0.02, end))
+    assert four.comm_s == pytest.approx(4 * each)
+    assert four.step_s < one.step_s
+    # the servers push after backward whatever the buckets
+    ps = step_model.predict_step("ps", 0.01, 0.02, host_of, 1 << 20, GBIT, quarters)
+    assert ps.step_s == pytest.approx(0.03 + step_model.comm_time("ps", host_of, 1 << 20, GBIT))

@@ -49,5 +49,5 @@ def placement_rows(profile, preset: dict, host_of: list[int], strategies=STRATEG
 
 COLUMNS = [("preset", "cluster", ""), ("profile", "profile", ""), ("workers", "workers", "d"),
            ("nodes", "nodes", "d"), ("strategy", "strategy", ""), ("predicted_s", "step (s)", ".4f"),
-           ("comm_s", "comm (s)", ".4f"), ("speedup", "speed-up", ".0f"), ("efficiency", "efficiency", ".0%"),
+           ("comm_s", "comm (s)", ".4f"), ("speedup", "speed-up", ".1f"), ("efficiency", "efficiency", ".0%"),
            ("bound", "bound by", "")]

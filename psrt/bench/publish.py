@@ -220,9 +220,9 @@ def run(block: Block) -> tuple[int, str, float]:
     when this process is stopped (Ctrl-C, SIGTERM), the block's whole process group gets
     SIGTERM and time to clean up (a bench's emulated hosts), then SIGKILL."""
     t0 = time.monotonic()
-    # PSRT_PUBLISHING names the block being published: a test suite run by it (make test) does
+    # BENCH_PUBLISHING names the block being published: a test suite run by it (make test) does
     # not count that block's region as missing (tests/unit/test_docs_claims.py).
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PSRT_PUBLISHING=block.name)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", BENCH_PUBLISHING=block.name)
     proc = subprocess.Popen(["bash", "-e", "-o", "pipefail", "-c", block.commands], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT if block.stderr else None,
                             start_new_session=True)

@@ -146,6 +146,6 @@ def test_a_stopped_publish_lets_the_running_block_clean_up(tmp_path):
 
 def test_a_blocks_commands_know_which_block_they_publish(tmp_path):
     """make test, published as a block, must not count that block's own region as missing."""
-    block = publish.Block(tmp_path / "p.md", "test-time", 'echo "$PSRT_PUBLISHING"', 0, 1, "S", 2)
+    block = publish.Block(tmp_path / "p.md", "test-time", 'echo "$BENCH_PUBLISHING"', 0, 1, "S", 2)
     code, out, _ = publish.run(block)
     assert code == 0 and out.strip() == "test-time"

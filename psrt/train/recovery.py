@@ -74,8 +74,13 @@ class Recovery:
         """After each finished step: note it, and on the first one after a restart say how long
         the recovery took.  Returns what the metrics row adds."""
         if self.lead and self.allowed and self.path:
-            with open(self.path + ".step", "w") as f:
+            # a new file renamed over the old (rename(2) is atomic): a reader, or a restart
+            # after this host is lost mid-write, finds the last step or the one before it,
+            # never an empty or half-written note
+            note = self.path + ".step"
+            with open(note + ".tmp", "w") as f:
                 f.write(str(step))
+            os.replace(note + ".tmp", note)
         if not self._pending:
             return {}
         self._pending = False

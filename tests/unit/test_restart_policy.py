@@ -210,6 +210,33 @@ def test_recovery_checkpoints_often_and_resumes_only_on_a_restart(monkeypatch, t
     assert Recovery(str(tmp_path / "c"), 0, total=100, lead=True).every == 0
 
 
+def test_the_step_note_is_never_left_empty_by_a_write_that_fails(monkeypatch, tmp_path):
+    """The last finished step (`CKPT.step`) is what a restart reports as done again and what
+    psrt.bench recovery reads while the run goes on: a write that fails midway (a full disk, a
+    host lost) leaves the previous step, never an empty note."""
+    import builtins
+    from psrt.train import recovery as rec
+    monkeypatch.setenv("PSRT_RESTARTS", "1")
+    book = Recovery(str(tmp_path / "c"), 0, total=100, lead=True)
+    book.step_done(7)
+    assert (tmp_path / "c.step").read_text() == "7"
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+        def __enter__(self):
+            return self
+        def __exit__(self, *exc):
+            self.f.close()
+        def write(self, _):
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(rec, "open", lambda path, mode="r": Full(builtins.open(path, mode)), raising=False)
+    with pytest.raises(OSError):
+        book.step_done(8)
+    assert (tmp_path / "c.step").read_text() == "7"
+
+
 def test_a_hung_abort_is_ended_with_its_code(tmp_path, monkeypatch):
     """mpirun stuck in 'abort is already in progress' (a host it would tell is gone): the
     launcher kills what is left ABORT_GRACE_S after the notice and returns the abort's code."""

@@ -17,6 +17,7 @@ next checkpoint, for a host that answers again (a grow-back: psrt/launch/growbac
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -74,13 +75,7 @@ class Recovery:
         """After each finished step: note it, and on the first one after a restart say how long
         the recovery took.  Returns what the metrics row adds."""
         if self.lead and self.allowed and self.path:
-            # a new file renamed over the old (rename(2) is atomic): a reader, or a restart
-            # after this host is lost mid-write, finds the last step or the one before it,
-            # never an empty or half-written note
-            note = self.path + ".step"
-            with open(note + ".tmp", "w") as f:
-                f.write(str(step))
-            os.replace(note + ".tmp", note)
+            _note(self.path + ".step", str(step))
         if not self._pending:
             return {}
         self._pending = False
@@ -93,6 +88,23 @@ class Recovery:
         if self.reached is not None:
             extra["steps_lost"] = max(0, self.reached - (step - 1))
         return extra
+
+
+def _note(path: str, text: str) -> None:
+    """Write a small note so that a reader, or a restart after this host is lost mid-write,
+    finds the old text or the new one, never an empty file: a new file renamed over the old
+    (rename(2) is atomic).  On a full disk, where no new file fits, the note is rewritten in
+    place (its block is already there), or left as it was: the checkpoint's own write is what
+    reports the full disk (exit 4, naming the checkpoint)."""
+    try:
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(path + ".tmp")
+        with contextlib.suppress(OSError), open(path, "w") as f:
+            f.write(text)
 
 
 def stop_if_asked(ctl, step: int, lead: bool) -> None:

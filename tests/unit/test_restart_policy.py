@@ -210,18 +210,13 @@ def test_recovery_checkpoints_often_and_resumes_only_on_a_restart(monkeypatch, t
     assert Recovery(str(tmp_path / "c"), 0, total=100, lead=True).every == 0
 
 
-def test_the_step_note_is_never_left_empty_by_a_write_that_fails(monkeypatch, tmp_path):
-    """The last finished step (`CKPT.step`) is what a restart reports as done again and what
-    psrt.bench recovery reads while the run goes on: a write that fails midway (a full disk, a
-    host lost) leaves the previous step, never an empty note."""
+def _failing_writes(monkeypatch, error, only=""):
+    """open() in psrt.train.recovery, whose files raise `error` on write (for paths ending
+    in `only`)."""
     import builtins
     from psrt.train import recovery as rec
-    monkeypatch.setenv("PSRT_RESTARTS", "1")
-    book = Recovery(str(tmp_path / "c"), 0, total=100, lead=True)
-    book.step_done(7)
-    assert (tmp_path / "c.step").read_text() == "7"
 
-    class Full:
+    class Failing:
         def __init__(self, f):
             self.f = f
         def __enter__(self):
@@ -229,12 +224,37 @@ def test_the_step_note_is_never_left_empty_by_a_write_that_fails(monkeypatch, tm
         def __exit__(self, *exc):
             self.f.close()
         def write(self, _):
-            raise OSError(28, "No space left on device")
+            raise error
 
-    monkeypatch.setattr(rec, "open", lambda path, mode="r": Full(builtins.open(path, mode)), raising=False)
-    with pytest.raises(OSError):
+    def fake(path, mode="r"):
+        f = builtins.open(path, mode)
+        return Failing(f) if path.endswith(only) else f
+    monkeypatch.setattr(rec, "open", fake, raising=False)
+
+
+def test_the_step_note_is_never_left_empty_by_a_rank_that_dies_writing_it(monkeypatch, tmp_path):
+    """The last finished step (`CKPT.step`) is what a restart reports as done again and what
+    psrt.bench recovery reads while the run goes on: a rank that dies while writing it (here:
+    an exception at the write, which leaves the disk as a kill would) leaves the previous step."""
+    monkeypatch.setenv("PSRT_RESTARTS", "1")
+    book = Recovery(str(tmp_path / "c"), 0, total=100, lead=True)
+    book.step_done(7)
+    assert (tmp_path / "c.step").read_text() == "7"
+    _failing_writes(monkeypatch, SystemExit(137))
+    with pytest.raises(SystemExit):
         book.step_done(8)
     assert (tmp_path / "c.step").read_text() == "7"
+
+
+def test_on_a_full_disk_the_step_note_is_rewritten_in_place(monkeypatch, tmp_path):
+    """No room for a new file: the note takes the new step in place, and the run goes on to the
+    checkpoint write that reports the full disk (the chaos campaign's enospc trial)."""
+    monkeypatch.setenv("PSRT_RESTARTS", "1")
+    book = Recovery(str(tmp_path / "c"), 0, total=100, lead=True)
+    book.step_done(7)
+    _failing_writes(monkeypatch, OSError(28, "No space left on device"), only=".tmp")
+    book.step_done(8)
+    assert (tmp_path / "c.step").read_text() == "8" and not (tmp_path / "c.step.tmp").exists()
 
 
 def test_a_hung_abort_is_ended_with_its_code(tmp_path, monkeypatch):

@@ -6,7 +6,7 @@ communication from psrt's alpha-beta models, with the overlap of backward the st
                                            "PyTorch Distributed", VLDB 2020, sec. 3.2.3)
     step = forward + max(backward, end)    the same given the buckets: gradients grouped in
                                            backward order into buckets of at least the bucket
-                                           size (psrt.dp.common.group_by_bytes), each ready when
+                                           size (psrt.collectives.layout.group_by_size), each ready when
                                            its last gradient appears and reduced after the one
                                            before it (one stream), so `end` = the last bucket's
                                            end; a model whose gradients fit one bucket hides
@@ -28,11 +28,11 @@ import math
 from dataclasses import dataclass
 
 from psrt.collectives import cost
-from psrt.dp import traffic
+from psrt.collectives.layout import group_by_size
+from psrt.dp import DEFAULT_BUCKET_MB, traffic
 
-# psrt.train's default --bucket-mb (DDPOptions.bucket_mb: PyTorch DDP's bucket_cap_mb), which
-# the scaling bench's runs keep.
-BUCKET_BYTES = 25 * 2 ** 20
+# psrt.train's default --bucket-mb, which the scaling bench's runs keep.
+BUCKET_BYTES = DEFAULT_BUCKET_MB * 2 ** 20
 OVERLAPPED = ("ring", "native", "zero1", "zero2", "ring-hier", "ring-auto")
 # The cells' names for the strategies that need a flag besides --dp.
 VARIANTS = {"ring-hier": ("ring", ["--algorithm", "hierarchical"]),
@@ -95,20 +95,14 @@ def predict_step(strategy: str, forward_s: float, backward_s: float, host_of: li
 
 def gradient_buckets(profile, bucket_bytes: float, itemsize: int = 4) -> list[tuple[float, int]]:
     """(ready seconds from the start of backward, bytes) of each bucket psrt's DDP makes of a
-    profile's gradients: tensors in backward order (the last layer's first) grouped into
-    buckets of at least `bucket_bytes` (the rule of psrt.dp.common.group_by_bytes), each ready
-    when its last tensor's layer has finished its backward (Profile.gradient_times)."""
-    out, size, ready = [], 0, 0.0
-    for layer, at in reversed(list(zip(profile.layers, profile.gradient_times()))):
-        for _, shape in reversed(layer.params):
-            if size and size >= bucket_bytes:
-                out.append((ready, size))
-                size = 0
-            size += math.prod(shape) * itemsize
-            ready = at
-    if size:
-        out.append((ready, size))
-    return out
+    profile's gradients: tensors in backward order (the last layer's first) grouped by DDP's
+    rule (psrt.collectives.layout.group_by_size), each bucket ready when its last tensor's
+    layer has finished its backward (Profile.gradient_times)."""
+    tensors = [(at, math.prod(shape) * itemsize)
+               for layer, at in reversed(list(zip(profile.layers, profile.gradient_times())))
+               for _, shape in reversed(layer.params)]
+    return [(tensors[idx[-1]][0], sum(tensors[i][1] for i in idx))
+            for idx in group_by_size([n for _, n in tensors], bucket_bytes)]
 
 
 def placement(hosts: int, per_host: int) -> list[int]:

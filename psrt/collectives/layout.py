@@ -1,5 +1,6 @@
-"""How a flat buffer is cut into per-rank chunks, and the one check that a `comm` argument
-is an mpi4py communicator (psrt's naming rule: see psrt/grid.py)."""
+"""How a flat buffer is cut into per-rank chunks, how consecutive tensors are grouped into
+buckets, and the one check that a `comm` argument is an mpi4py communicator (psrt's naming
+rule: see psrt/grid.py)."""
 from __future__ import annotations
 
 from psrt.errors import PsrtError
@@ -33,3 +34,20 @@ def offsets(counts: list[int]) -> list[int]:
     for c in counts:
         out.append(out[-1] + c)
     return out
+
+
+def group_by_size(sizes: list[int], nbytes: float, kinds: list | None = None) -> list[list[int]]:
+    """Indices of consecutive items of `sizes` bytes grouped into buckets of at least `nbytes`
+    (the last may be smaller); where `kinds` differ from the bucket's first (a dtype, a device)
+    a new bucket starts.  The one bucketing rule: the gradient reducers' buckets
+    (psrt.dp.common.group_by_bytes) and the step model's (psrt.bench.step_model)."""
+    buckets, cur, size = [], [], 0
+    for i, n in enumerate(sizes):
+        if cur and (size >= nbytes or (kinds is not None and kinds[i] != kinds[cur[0]])):
+            buckets.append(cur)
+            cur, size = [], 0
+        cur.append(i)
+        size += n
+    if cur:
+        buckets.append(cur)
+    return buckets

@@ -6,6 +6,7 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
+from psrt.collectives.layout import group_by_size
 from psrt.dp import COMPRESSIONS, DEFAULT_LR, OPTIMIZERS
 from psrt.errors import PsrtError
 
@@ -28,17 +29,8 @@ def group_by_bytes(tensors: Sequence[torch.Tensor], nbytes: int) -> list[list[in
     """Indices of consecutive `tensors` grouped into buckets of at least `nbytes` (the last
     may be smaller); a change of dtype or device starts a new bucket.  The one bucketer of
     the gradient reducers (ddp's buckets, zero2's reduce-scatter units)."""
-    buckets, cur, size = [], [], 0
-    for i, t in enumerate(tensors):
-        first = tensors[cur[0]] if cur else None
-        if cur and (size >= nbytes or t.dtype != first.dtype or t.device != first.device):
-            buckets.append(cur)
-            cur, size = [], 0
-        cur.append(i)
-        size += t.numel() * t.element_size()
-    if cur:
-        buckets.append(cur)
-    return buckets
+    return group_by_size([t.numel() * t.element_size() for t in tensors], nbytes,
+                         [(t.dtype, t.device) for t in tensors])
 
 
 def check_compress(name: str, offered=tuple(COMPRESS), who: str = "psrt") -> None:

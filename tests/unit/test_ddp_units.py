@@ -196,3 +196,15 @@ def test_zero2_without_bucket_mb_cuts_a_small_model_into_eighths():
     given = Zero2(nn.Sequential(*[nn.Linear(32, 32) for _ in range(16)]), lambda p: torch.optim.SGD(p, lr=0.1),
                   OneRank(), bucket_mb=25)
     assert len(given.buckets) == 1
+
+
+def test_buckets_hold_at_least_the_size_and_never_mix_dtypes():
+    """The one bucketing rule (psrt.collectives.layout.group_by_size), as DDP's and ZeRO-2's
+    gradient buckets use it (psrt.dp.common.group_by_bytes)."""
+    from psrt.collectives.layout import group_by_size
+    from psrt.dp.common import group_by_bytes
+    assert group_by_size([4, 4, 4, 4, 4], 8) == [[0, 1], [2, 3], [4]]
+    assert group_by_size([12, 4, 4], 8) == [[0], [1, 2]]
+    assert group_by_size([4, 4, 4], 100, kinds=["a", "a", "b"]) == [[0, 1], [2]]
+    tensors = [torch.zeros(2), torch.zeros(2), torch.zeros(2, dtype=torch.float64), torch.zeros(4)]
+    assert group_by_bytes(tensors, 12) == [[0, 1], [2], [3]]

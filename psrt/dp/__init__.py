@@ -43,6 +43,8 @@ OPTION_TAKERS = {
 COMPRESSIONS = ("none", "fp16", "bf16")
 OPTIMIZERS = ("sgd", "adam")
 DEFAULT_LR = {"sgd": 0.1, "adam": 3e-3}
+# The gradient bucket of the bucketed all-reduce strategies, in MiB: PyTorch DDP's bucket_cap_mb.
+DEFAULT_BUCKET_MB = 25.0
 
 
 def strategy_class(name: str):

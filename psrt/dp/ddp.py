@@ -25,6 +25,7 @@ import torch
 
 from psrt.collectives.algorithms import THROUGH_TORCH
 from psrt.collectives.cost import wire_bytes
+from psrt.dp import DEFAULT_BUCKET_MB
 from psrt.dp.base import DataParallel, StepStats
 from psrt.dp.common import COMPRESS, Then, check_compress, group_by_bytes, join_torch
 from psrt.errors import PsrtError
@@ -109,7 +110,7 @@ class DDPOptions:
     algorithm: the all-reduce algorithm (default: the strategy's own).
     """
 
-    bucket_mb: float = 25.0
+    bucket_mb: float = DEFAULT_BUCKET_MB
     overlap: bool = True
     compress: str = "none"
     algorithm: str | None = None

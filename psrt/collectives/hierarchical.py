@@ -8,27 +8,29 @@ all-reduces its 1/L shard across hosts, all-gather inside the host), Open MPI 5'
 NCCL's trees between nodes, BytePS's local aggregation (Jiang et al., OSDI 2020).  This is
 the Horovod shape:
 
-1. inside the host, the MPI library's Reduce_scatter (its shared-memory path) leaves local
-   rank j with the host's sum of its shards;
+1. inside the host, psrt's ring reduce-scatter (through the MPI library's shared memory)
+   leaves local rank j with the host's sum of its shards;
 2. for each shard, the ranks holding it (one per host, in host order) run psrt's ring
    between hosts, so every host link carries 2(H-1)/H of the shard, the L shards at once;
-3. inside the host, the MPI library's Allgatherv spreads the shards again.
+3. inside the host, psrt's ring all-gather spreads the shards again.
 
 Why shards and not one leader per host: both put 2(H-1)/H x M on each host link, but a
 leader reduces and forwards everything alone, while shards spread the work over the host's
 ranks.  Measured on 2 and 4 emulated hosts at 1 Gbit/s, 16 MiB, 8 ranks on this machine's 2
 cores: leader 631 ms (2x4) and 419 ms (4x2), shards 326-363 ms and 359 ms.  Inside the host
-the MPI library's collectives and psrt's ring measured alike (364 against 326 ms, 359
-against 362 ms, within the noise of a shared machine): the MPI library's are kept, as they
-may use a shared-memory path psrt's point-to-point ring cannot.  A pipelined variant
-(segment k between hosts while segment k+1 is reduced inside them) measured no better on
-this 2-core machine and was left out.
+psrt's ring is used rather than the MPI library's Reduce_scatter and Allgatherv: with 8 ranks
+on 2 cores, Open MPI 4.1's Reduce_scatter of a 64 MiB buffer among a host's 4 ranks took
+about three times as long as the ring, whichever of its algorithms was forced
+(coll_tuned_reduce_scatter_algorithm), and its Allgatherv no less than the ring; the ring's
+inside rounds are also what the two-level model charges (psrt.collectives.cost.rounds).  A pipelined variant (segment k between hosts while
+segment k+1 is reduced inside them) measured no better on this 2-core machine and was left
+out.
 
 Ragged placements (3 ranks on one host, 2 on another, 1 alone) keep the same shape: there
 are S = max(L_h) shards and local rank j of a host with L_h ranks holds shards j, j + L_h,
 ...; every host holds every shard, so each shard's ring spans all hosts.  A host holding
 several shards lays them out by holder first (a copy where that order differs from the
-buffer's), so step 1 stays one Reduce_scatter.
+buffer's), so step 1 stays one reduce-scatter.
 
 reduce_scatter and allgather use the same three steps with the blocks of the result named
 by rank: shard s is the blocks of the ranks with local rank s, in host order, so a block
@@ -229,13 +231,13 @@ def _two_level(topo: Topology, buf: torch.Tensor, block: dict, src: dict, op: st
     work = _moved(buf, order, src, block)
     local = topo.local
     if reduce and local.Get_size() > 1:
-        native.reduce_scatter(local, work, counts, op)
+        ring.reduce_scatter(local, work, counts, op)
     mine = [s for s in range(p.shards) if s % p.sizes[host] == p.local_of[me]]
     for s in mine if p.hosts > 1 else ():
         sizes = [block[(s, g)] for g in range(p.hosts)]
         cross(topo.shard_comm(s), work[start[s]:start[s] + sum(sizes)], sizes)
     if gather and local.Get_size() > 1:
-        native.allgather(local, work, counts)
+        ring.allgather(local, work, counts)
     _put_back(buf, work, order, src, block)
 
 

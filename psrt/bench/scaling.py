@@ -165,25 +165,34 @@ def run(args) -> dict:
 
 
 def assemble(rows: list[dict], args) -> dict:
-    """Speed-up, efficiency, bound and prediction of every measured cell."""
+    """Speed-up, efficiency, bound and prediction of every measured cell.
+
+    The model's step is the profile's compute and the strategy's communication; what a
+    worker's step also does on the host (the update, the loop's own work) is the one-worker
+    cell's step less the profile's compute, measured in the same run and added to every
+    cell of more workers (`host_s`).  The one-worker cell is predicted without it, so its
+    error shows that work's share."""
     out = []
     for r in rows:
         one = next((o for o in rows if o["profile"] == r["profile"] and o["workers"] == 1), None)
         prof, links = r.pop("prof"), r.pop("links")
+        compute = prof.forward_s + prof.backward_s
+        host = max(0.0, one["step_s"] - compute) if one else 0.0
         pred = None
         if r["workers"] == 1:
-            pred = prof.forward_s + prof.backward_s
+            pred = compute
         elif links is not None:
             p = predict_step(r["strategy"], prof.forward_s, prof.backward_s,
                              placement(r["hosts"], r["per_host"]), r["grad_bytes"], links,
                              gradient_buckets(prof, BUCKET_BYTES))
-            pred = p.step_s if p else None
+            pred = p.step_s + host if p else None
             r["model_bound"] = p.bound if p else None
+            r["host_s"] = host
         r["predicted_s"] = pred
         r["error"] = (r["step_s"] - pred) / pred if pred else None
         r["speedup"] = speedup(r["workers"], one["step_s"], r["step_s"]) if one else None
         r["efficiency"] = r["speedup"] / r["workers"] if r["speedup"] else None
-        r["predicted_speedup"] = (speedup(r["workers"], prof.forward_s + prof.backward_s, pred) if pred else None)
+        r["predicted_speedup"] = speedup(r["workers"], compute + (host if r["workers"] > 1 else 0.0), pred) if pred else None
         r["bound"] = "cpu" if r["cpu_bound"] else r.get("model_bound", "compute")
         out.append(r)
     for r in out:                 # auto against the fastest ring measured on the same layout

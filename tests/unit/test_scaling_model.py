@@ -161,3 +161,23 @@ def test_one_bucket_hides_nothing_and_early_buckets_hide_behind_backward():
     # the servers push after backward whatever the buckets
     ps = step_model.predict_step("ps", 0.01, 0.02, host_of, 1 << 20, GBIT, quarters)
     assert ps.step_s == pytest.approx(0.03 + step_model.comm_time("ps", host_of, 1 << 20, GBIT))
+
+
+def test_every_cell_of_several_workers_pays_the_host_work_one_worker_measured():
+    from psrt.train.profile import load
+    prof = load("resnet50")
+    compute = prof.forward_s + prof.backward_s
+    a = args()
+    scaling.check(a)
+    a.dilation, a.byte_divisor = 1.0, 1.0
+    cell = dict(profile="resnet50", cpu_bound=False, run_queue=0.0, grad_bytes=prof.grad_bytes(), prof=prof)
+    rows = [dict(cell, layout="1x1", hosts=1, per_host=1, workers=1, strategy="ring", step_s=compute + 0.02,
+                 links=None),
+            dict(cell, layout="2x1", hosts=2, per_host=1, workers=2, strategy="ps", step_s=1.0, links=GBIT)]
+    one, two = scaling.assemble(rows, a)["rows"]
+    model = step_model.predict_step("ps", prof.forward_s, prof.backward_s, [0, 1], prof.grad_bytes(), GBIT,
+                                    step_model.gradient_buckets(prof, step_model.BUCKET_BYTES)).step_s
+    assert one["predicted_s"] == pytest.approx(compute)        # its error shows the host work
+    assert two["host_s"] == pytest.approx(0.02)
+    assert two["predicted_s"] == pytest.approx(model + 0.02)
+    assert two["predicted_speedup"] == pytest.approx(2 * (compute + 0.02) / (model + 0.02))

@@ -29,7 +29,7 @@ import tempfile
 from dataclasses import dataclass
 
 from psrt.bench import jobs
-from psrt.bench.step_model import BUCKET_BYTES, VARIANTS, gradient_buckets, placement, predict_step, speedup
+from psrt.bench.step_model import BUCKET_BYTES, VARIANTS, gradient_buckets, placement, predict_step, speedup, units
 from psrt.collectives import cost
 from psrt.train.report import Progress
 
@@ -184,7 +184,7 @@ def assemble(rows: list[dict], args) -> dict:
         elif links is not None:
             p = predict_step(r["strategy"], prof.forward_s, prof.backward_s,
                              placement(r["hosts"], r["per_host"]), r["grad_bytes"], links,
-                             gradient_buckets(prof, BUCKET_BYTES))
+                             gradient_buckets(prof, BUCKET_BYTES), units(prof))
             pred = p.step_s + host if p else None
             r["model_bound"] = p.bound if p else None
             r["host_s"] = host

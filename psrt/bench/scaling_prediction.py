@@ -13,7 +13,7 @@ congestion in the switches above the nodes (a full-bisection fabric is assumed),
 from __future__ import annotations
 
 from psrt.bench import presets
-from psrt.bench.step_model import BUCKET_BYTES, gradient_buckets, placement, predict_step, speedup
+from psrt.bench.step_model import BUCKET_BYTES, gradient_buckets, placement, predict_step, speedup, units
 
 WORKERS = (32, 64, 128, 256, 512, 1024)
 STRATEGIES = ("ring", "ring-hier", "zero1", "zero3", "ps", "ps-sharded", "ps-local")
@@ -38,7 +38,7 @@ def placement_rows(profile, preset: dict, host_of: list[int], strategies=STRATEG
     out = []
     for s in strategies:
         p = predict_step(s, profile.forward_s, profile.backward_s, host_of, profile.grad_bytes(), links,
-                         gradient_buckets(profile, BUCKET_BYTES))
+                         gradient_buckets(profile, BUCKET_BYTES), units(profile))
         if p is not None:
             up = speedup(w, one, p.step_s)
             out.append({"preset": preset["name"], "profile": profile.name, "workers": w, "nodes": nodes,

@@ -18,7 +18,10 @@ communication from psrt's alpha-beta models, with the overlap of backward the st
 comm: the flat strategies from psrt.dp.traffic (bottleneck link per phase, Thakur,
 Rabenseifner & Gropp 2005); the hierarchical all-reduce and the parameter server with local
 aggregation from the two-level model (psrt.collectives.cost.predict_two_level).  Per-host
-NIC sharing is in both: every transfer leaving a host is charged to that host's link.
+NIC sharing is in both: every transfer leaving a host is charged to that host's link.  Both
+charge each sequential message the wait for a core on a crowded host (cost.Links.step_wait).
+zero3 runs its three collectives once per unit (psrt.dp.zero3: each layer of a profile), so
+it pays their sequential messages once per unit: units x 3(N-1) of them.
 
 No torch and no MPI here: tests/unit/test_scaling_model.py checks it alone.
 """
@@ -52,9 +55,11 @@ class Step:
         return "link" if self.comm_s > self.compute_s else "compute"
 
 
-def comm_time(strategy: str, host_of: list[int], grad_bytes: float, links: cost.Links) -> float | None:
+def comm_time(strategy: str, host_of: list[int], grad_bytes: float, links: cost.Links,
+              units: int = 1) -> float | None:
     """Predicted communication of one step of `strategy` (a cell name: ring-hier, ps-local
-    included) on the placement host_of (rank -> host), or None where no model covers it."""
+    included) on the placement host_of (rank -> host), or None where no model covers it;
+    `units`: zero3's number of units (`units`)."""
     n = len(host_of)
     if n < 2:
         return 0.0
@@ -64,22 +69,25 @@ def comm_time(strategy: str, host_of: list[int], grad_bytes: float, links: cost.
         return cost.predict_two_level("hierarchical", host_of, grad_bytes, links)
     if strategy == "ps-local":
         return cost.predict_two_level("ps-local", host_of, grad_bytes, links)
-    if len(set(host_of)) == 1:
-        # one node: every rank's bytes cross its own link inside the node (NVLink, PCIe, shared
-        # memory), which the flat models would not charge (they count only links between hosts)
-        p = traffic.predict(strategy, n, grad_bytes, list(range(n)), links.intra)
-    else:
-        p = traffic.predict(strategy, n, grad_bytes, host_of, links.inter)
-    return None if p is None else p.total_s
+    one_node = len(set(host_of)) == 1
+    # one node: every rank's bytes cross its own link inside the node (NVLink, PCIe, shared
+    # memory), which the flat models would not charge (they count only links between hosts)
+    where = list(range(n)) if one_node else host_of
+    p = traffic.predict(strategy, n, grad_bytes, where, links.intra if one_node else links.inter)
+    if p is None:
+        return None
+    calls = units if strategy == "zero3" else 1
+    steps = sum(phase.steps for phase in traffic.phases(strategy, n, grad_bytes))
+    return p.bandwidth_s + calls * (p.latency_s + steps * links.step_wait())
 
 
 def predict_step(strategy: str, forward_s: float, backward_s: float, host_of: list[int], grad_bytes: float,
-                 links: cost.Links, buckets: list[tuple[float, int]] | None = None) -> Step | None:
+                 links: cost.Links, buckets: list[tuple[float, int]] | None = None, units: int = 1) -> Step | None:
     """The step of `strategy` (see the module); None where no model covers it.  `buckets`:
     (seconds from the start of backward at which it is ready, bytes) of each gradient bucket in
     launch order (`gradient_buckets`); without them the overlapped strategies hide all of
-    their communication behind backward that backward's length allows."""
-    comm = comm_time(strategy, host_of, grad_bytes, links)
+    their communication behind backward that backward's length allows; `units`: zero3's."""
+    comm = comm_time(strategy, host_of, grad_bytes, links, units)
     if comm is None:
         return None
     if strategy not in OVERLAPPED:
@@ -103,6 +111,11 @@ def gradient_buckets(profile, bucket_bytes: float, itemsize: int = 4) -> list[tu
                for _, shape in reversed(layer.params)]
     return [(tensors[idx[-1]][0], sum(tensors[i][1] for i in idx))
             for idx in group_by_size([n for _, n in tensors], bucket_bytes)]
+
+
+def units(profile) -> int:
+    """zero3's units on a profile's model: each layer holding parameters (psrt.dp.zero3.wrap_units)."""
+    return sum(1 for layer in profile.layers if layer.params)
 
 
 def placement(hosts: int, per_host: int) -> list[int]:

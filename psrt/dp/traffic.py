@@ -9,7 +9,8 @@ run at once, plus the sequential message latencies it pays:
   all-gather moves the same bytes): one phase, 2(N-1) steps, 2(N-1)/N x M from each rank to
   its successor (Patarasuk & Yuan, JPDC 2009); zero3 gathers the parameters twice (forward
   and backward) and reduce-scatters once: 3(N-1) steps and 3(N-1)/N x M (Rajbhandari et al.,
-  SC 2020, sec. 7.2.2), paid once per wrapped unit in latency, which the model leaves out;
+  SC 2020, sec. 7.2.2), paid once per wrapped unit in latency, which this per-step total
+  leaves out (psrt/bench/step_model.py counts it);
 - parameter server (ps, ps-sharded, ps-async): a push phase (every worker sends slice s of
   its gradient, M/S bytes, to each server s) and, after the update, a pull phase (each server
   sends its M/S of parameters to every worker).  The two do not overlap: a server updates

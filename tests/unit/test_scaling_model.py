@@ -181,3 +181,17 @@ def test_every_cell_of_several_workers_pays_the_host_work_one_worker_measured():
     assert two["host_s"] == pytest.approx(0.02)
     assert two["predicted_s"] == pytest.approx(model + 0.02)
     assert two["predicted_speedup"] == pytest.approx(2 * (compute + 0.02) / (model + 0.02))
+
+
+def test_zero3_pays_its_messages_once_per_unit_and_crowded_hosts_pay_a_wait_per_message():
+    host_of = step_model.placement(4, 4)
+    one = step_model.comm_time("zero3", host_of, 8 << 20, GBIT)
+    many = step_model.comm_time("zero3", host_of, 8 << 20, GBIT, units=54)
+    assert many - one == pytest.approx(53 * 3 * 15 * GBIT.inter.alpha_s)
+    # units are zero3's alone: DDP's ring is one all-reduce per bucket
+    assert step_model.comm_time("ring", host_of, 8 << 20, GBIT, units=54) == step_model.comm_time("ring", host_of, 8 << 20, GBIT)
+    crowded = cost.Links(GBIT.intra, GBIT.inter, crowd=8.0)
+    extra = step_model.comm_time("ring", host_of, 8 << 20, crowded) - step_model.comm_time("ring", host_of, 8 << 20, GBIT)
+    assert extra == pytest.approx(2 * 15 * 7 * crowded.wait_s)
+    from psrt.train.profile import load
+    assert step_model.units(load("vgg16")) == 16

@@ -7,8 +7,8 @@ Each layout (hosts x ranks per host: 1x1, 2x1, 2x2, 4x2, 4x4) is an emulated clu
 trains the profile's own batch (weak scaling, as data parallelism is used), so the speed-up
 of W workers is W x the one-worker step over the W-worker step.  The profile is dilated
 (--stands-for): its gradient tensors divided by --byte-divisor K and its compute times
-multiplied by D = B_real / (K x B_emulated), so that the 1 Gbit/s emulated link keeps the
-ratio of compute to communication of a cluster whose links carry B_real; every time in the
+multiplied by D = B_real / (K x B_emulated), so that the emulated link keeps the ratio of
+compute to communication of a cluster whose links carry B_real; every time in the
 table is the emulated one, and the stands-for line says which cluster the rows stand for
 (latency is not dilated: docs/explanation/scaling.md).
 
@@ -251,8 +251,11 @@ def add_arguments(p) -> None:
     p.add_argument("--strategies", default=DEFAULTS["strategies"], help="flat strategies (comma list); "
                    "ring-hier and ps-local are added on hosts of several ranks")
     p.add_argument("--layouts", default=DEFAULTS["layouts"], help="hosts x ranks per host (comma list)")
-    p.add_argument("--rate", default="1gbit", help="emulated link rate (tc syntax)")
-    p.add_argument("--byte-divisor", type=float, default=8.0, help="gradient tensors divided by K")
+    # A slow link and small gradients, rather than 1 Gbit/s and 4x the bytes, for the same
+    # step times: every byte a rank copies, reduces or pushes through the TCP stack costs this
+    # machine's shared cores, the link's time does not (docs/explanation/scaling.md).
+    p.add_argument("--rate", default="250mbit", help="emulated link rate (tc syntax)")
+    p.add_argument("--byte-divisor", type=float, default=32.0, help="gradient tensors divided by K")
     p.add_argument("--stands-for", default="25gbit", help="the real cluster's link rate: sets the time "
                    "dilation D = rate / (K x --rate)")
     p.add_argument("--steps", type=int, default=DEFAULTS["steps"])

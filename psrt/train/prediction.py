@@ -128,6 +128,7 @@ def describe(rows: list[dict]) -> str:
     ring = next((r for r in rows if "crossover_vs" in r), None)
     if ring is not None:
         lines.append(crossover_line(ring, rows))
+        lines += [ratio_line(ring, next(r for r in rows if r["dp"] == ring["crossover_vs"]))]
     if link.get("intra") and link["hosts"] > 1:
         lines.append(two_level_line(link, rows[0]["grad_bytes"]))
     far = [r for r in rows if r.get("pred_comm_s")
@@ -176,6 +177,18 @@ def crossover_line(ring: dict, rows: list[dict]) -> str:
     return (f"crossover: {ring['dp']} communicates faster than {vs} above {fmt_bytes(m)} of gradients "
             f"on this placement; this model's {fmt_bytes(ring['grad_bytes'])} is {here} it "
             f"({ring['dp']} predicted {ratio:.2f}x {vs}'s speed)")
+
+
+def ratio_line(ring: dict, other: dict) -> str:
+    """How many times faster the ring's step was than the server's, measured and predicted."""
+    def step(r):
+        return r["wall_s"] / max(r.get("steps_run", r["steps"]), 1)
+    measured = step(other) / step(ring)
+    if not (ring.get("pred_step_s") and other.get("pred_step_s")):
+        return f"step: {ring['dp']} {measured:.2f}x {other['dp']}'s speed (no model for one of them)"
+    predicted = other["pred_step_s"] / ring["pred_step_s"]
+    return (f"step: {ring['dp']} {measured:.2f}x {other['dp']}'s speed, the model {predicted:.2f}x "
+            f"({measured / predicted - 1:+.0%})")
 
 
 def why_far(rows: list[dict], link: dict) -> str:

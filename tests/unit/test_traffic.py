@@ -93,6 +93,9 @@ def test_prediction_text_under_the_summary():
     assert "alpha 20.0 us, 125 MB/s; 4 ranks on 4 hosts; gradients 16 MiB per step" in text
     assert "crossover: ring communicates faster than ps above" in text and "is above it" in text
     assert "measured comm over the model" not in text       # 210 ms a step vs 201 predicted
+    # the steps' ratio, measured (0.92 s / 0.23 s) and the model's (ps's step / ring's)
+    predicted = ps["pred_step_s"] / ring["pred_step_s"]
+    assert f"step: ring 4.00x ps's speed, the model {predicted:.2f}x ({4.0 / predicted - 1:+.0%})" in text
 
 
 def test_prediction_says_why_when_far_from_the_measurement():

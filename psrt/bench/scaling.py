@@ -29,8 +29,9 @@ import tempfile
 from dataclasses import dataclass
 
 from psrt.bench import jobs
-from psrt.bench.step_model import BUCKET_BYTES, VARIANTS, gradient_buckets, placement, predict_step, speedup, units
+from psrt.bench.step_model import VARIANTS, gradient_buckets, placement, predict_step, speedup, units
 from psrt.collectives import cost
+from psrt.dp import DEFAULT_BUCKET_MB
 from psrt.train.report import Progress
 
 HELP = ("speed-up of every strategy from 1 to 16 workers on emulated accelerator hosts (--profile), "
@@ -70,7 +71,8 @@ def train_argv(profile: str, args, dps: list[str], workers: int, metrics: str, e
     batch = load(profile).batch * workers
     return [sys.executable, "-m", "psrt.train", "--profile", profile, "--time-dilation", f"{args.dilation:g}",
             "--byte-divisor", f"{args.byte_divisor:g}", "--dp", ",".join(dps), "--steps", str(args.steps),
-            "--batch-size", str(batch), "--quiet", "--metrics", metrics, *extra]
+            "--batch-size", str(batch), "--quiet", "--metrics", metrics, *extra,
+            *(["--bucket-mb", f"{args.bucket_mb:g}"] if args.bucket_mb is not None else [])]
 
 
 def read_metrics(path_for, dps: list[str]) -> dict:
@@ -131,6 +133,11 @@ def measure_layout(profile: str, hosts: int, per_host: int, args, strategies: li
     return found
 
 
+def bucket_bytes(args) -> float:
+    """DDP's bucket size of the runs: --bucket-mb, or psrt.train's default."""
+    return (DEFAULT_BUCKET_MB if args.bucket_mb is None else args.bucket_mb) * 2 ** 20
+
+
 def links_of(summary: dict, hosts: int, per_host: int) -> cost.Links | None:
     """The run's fitted link (its ping-pong, in the summary) between hosts; inside a host the
     shared-memory default (psrt.collectives.cost.DEFAULT_LINKS), crowded by the ranks per core."""
@@ -184,7 +191,7 @@ def assemble(rows: list[dict], args) -> dict:
         elif links is not None:
             p = predict_step(r["strategy"], prof.forward_s, prof.backward_s,
                              placement(r["hosts"], r["per_host"]), r["grad_bytes"], links,
-                             gradient_buckets(prof, BUCKET_BYTES), units(prof))
+                             gradient_buckets(prof, bucket_bytes(args)), units(prof))
             pred = p.step_s + host if p else None
             r["model_bound"] = p.bound if p else None
             r["host_s"] = host
@@ -201,7 +208,7 @@ def assemble(rows: list[dict], args) -> dict:
                      and o["strategy"] in ("ring", "ring-hier")]
             r["auto_vs_fastest"] = r["step_s"] / min(rings) - 1 if rings else None
     return {"rows": out, "stands_for": stands_for(args), "rate": args.rate, "dilation": args.dilation,
-            "byte_divisor": args.byte_divisor, "cores": os.cpu_count()}
+            "byte_divisor": args.byte_divisor, "bucket_mb": args.bucket_mb, "cores": os.cpu_count()}
 
 
 def stands_for(args) -> str:
@@ -258,6 +265,8 @@ def add_arguments(p) -> None:
     p.add_argument("--byte-divisor", type=float, default=32.0, help="gradient tensors divided by K")
     p.add_argument("--stands-for", default="25gbit", help="the real cluster's link rate: sets the time "
                    "dilation D = rate / (K x --rate)")
+    p.add_argument("--bucket-mb", type=float, help="DDP's bucket size in MiB, of the divided gradients "
+                   "(psrt.train --bucket-mb, default its own); small buckets make the rings latency-bound")
     p.add_argument("--steps", type=int, default=DEFAULTS["steps"])
     p.add_argument("--prefix", default="psrt-s", help="name prefix of the emulated hosts")
     p.add_argument("--subnet", default=SUBNET, help="inside 198.18.0.0/15")
@@ -303,6 +312,7 @@ def check(args) -> None:
         load(p)
     need(args.steps >= 2, f"--steps {args.steps}: at least 2 (the first is set-up)")
     need(args.byte_divisor >= 1, f"--byte-divisor {args.byte_divisor:g}: at least 1")
+    need(args.bucket_mb is None or args.bucket_mb > 0, f"--bucket-mb {args.bucket_mb}: more than 0")
     args.dilation = rate_bits(args.stands_for) / (args.byte_divisor * rate_bits(args.rate))
 
 

@@ -10,7 +10,7 @@ def _row(layout, strategy, step, predicted, *, cpu=False, bound="link", speedup=
     return {"profile": "vgg16", "layout": layout, "workers": hosts * per_host, "strategy": strategy,
             "step_s": step, "predicted_s": predicted, "error": step / predicted - 1, "cpu_bound": cpu,
             "bound": "cpu" if cpu else bound, "speedup": speedup, "predicted_speedup": predicted_speedup,
-            "auto_vs_fastest": auto}
+            "auto_vs_fastest": auto, "grad_bytes": 16.5 * 2 ** 20}
 
 
 ROWS = [
@@ -25,8 +25,8 @@ ROWS = [
 ]
 
 
-def _by_text(rows):
-    return {g.text: g for g in scaling_goals.goals({"rows": rows})}
+def _by_text(rows, **payload):
+    return {g.text: g for g in scaling_goals.goals({"rows": rows, **payload})}
 
 
 def test_each_goal_is_judged_on_link_bound_cells_only():
@@ -37,7 +37,7 @@ def test_each_goal_is_judged_on_link_bound_cells_only():
     assert servers.ok is False and servers.detail == "(ps-sharded 2x4)"     # -20%
     zero3 = goals["vgg16, zero3: the step model within 15% on every link-bound cell (0)"]
     assert zero3.ok is None and zero3.value == "no link-bound cell"
-    assert goals["vgg16 2x4: hierarchical >= 1.5x faster than the flat ring"].ratio == 2.0
+    assert goals["vgg16 2x4: hierarchical >= 1.5x faster than the flat ring (per step)"].ratio == 2.0
     auto = goals["vgg16: auto within 10% of the fastest ring on every layout (1 link-bound)"]
     assert auto.ok and round(auto.ratio, 2) == 1.08
     server = goals["vgg16 2x4: the single server's speed-up within 15% of the model's"]
@@ -50,5 +50,16 @@ def test_each_goal_is_judged_on_link_bound_cells_only():
 
 def test_a_cpu_bound_cell_leaves_the_hierarchical_goal_unjudged():
     rows = [dict(r, cpu_bound=True, bound="cpu") if r["strategy"] == "ring-hier" else r for r in ROWS]
-    hier = _by_text(rows)["vgg16 2x4: hierarchical >= 1.5x faster than the flat ring"]
+    hier = _by_text(rows)["vgg16 2x4: hierarchical >= 1.5x faster than the flat ring (per step)"]
     assert hier.ok is None and hier.status == "n/a" and "not judged" in hier.detail
+
+
+def test_small_buckets_judge_hierarchical_on_4x4_and_small_gradients_skip_the_2x4_goal():
+    rows = ROWS + [_row("4x4", "ring", 3.0, 3.0), _row("4x4", "ring-hier", 1.0, 1.0)]
+    small = _by_text(rows, bucket_mb=1 / 16)
+    assert not any("2x4: hierarchical" in t for t in small)
+    hier = small["vgg16 4x4: hierarchical >= 2.5x faster than the flat ring (buckets of 64 KiB)"]
+    assert hier.ok and hier.ratio == 3.0
+    assert not any("4x4: hierarchical" in t for t in _by_text(rows, bucket_mb=25))
+    tiny = [dict(r, grad_bytes=3 * 2 ** 20) for r in rows]          # under 16 MiB: no 2x4 goal
+    assert not any("hierarchical" in t for t in _by_text(tiny))

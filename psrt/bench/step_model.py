@@ -67,8 +67,8 @@ def comm_time(strategy: str, host_of: list[int], grad_bytes: float, links: cost.
         return min(comm_time("ring", host_of, grad_bytes, links), comm_time("ring-hier", host_of, grad_bytes, links))
     if strategy == "ring-hier":
         return cost.predict_two_level("hierarchical", host_of, grad_bytes, links)
-    if strategy == "ps-local":
-        return cost.predict_two_level("ps-local", host_of, grad_bytes, links)
+    if strategy == "ps-local":            # the server updates between the push and the pull
+        return cost.predict_two_level("ps-local", host_of, grad_bytes, links, pipelined=False)
     one_node = len(set(host_of)) == 1
     # one node: every rank's bytes cross its own link inside the node (NVLink, PCIe, shared
     # memory), which the flat models would not charge (they count only links between hosts)

@@ -226,14 +226,16 @@ def _by_host(host_of: list[int]) -> list[list[int]]:
     return list(hosts.values())
 
 
-def rounds(algorithm: str, host_of: list[int], nbytes: float) -> list[tuple[list, int]]:
+def rounds(algorithm: str, host_of: list[int], nbytes: float, pipelined: bool = True) -> list[tuple[list, int]]:
     """[(transfers of one round, times it repeats)] of one all-reduce of `nbytes` on the
     placement `host_of` (rank -> host): flat ring, hierarchical (psrt.collectives.
     hierarchical: inside each host, a ring per shard between hosts, inside again; below
     LEADER_BYTES through each host's first rank), ps
     (everything through rank 0, pipelined so both directions run at once), ps-local (the
     same between one rank per host after a reduction inside each host, psrt.dp.ps's
-    --local-aggregation) and tree (binomial reduce then broadcast)."""
+    --local-aggregation) and tree (binomial reduce then broadcast).  `pipelined` False: the
+    ps family's push and pull one after the other, as psrt.dp.ps trains (its server updates
+    between them)."""
     n = len(host_of)
     hosts = _by_host(host_of)
     if algorithm == "ring":
@@ -259,9 +261,11 @@ def rounds(algorithm: str, host_of: list[int], nbytes: float) -> list[tuple[list
     if algorithm in ("ps", "ps-local"):
         lead = [h[0] for h in hosts] if algorithm == "ps-local" else list(range(n))
         gather = [(r, h[0], nbytes) for h in hosts for r in h[1:]] if algorithm == "ps-local" else []
-        both = [(w, lead[0], nbytes) for w in lead[1:]] + [(lead[0], w, nbytes) for w in lead[1:]]
+        push = [(w, lead[0], nbytes) for w in lead[1:]]
+        pull = [(d, s, m) for s, d, m in push]
         spread = [(d, s, m) for s, d, m in gather]
-        return [(r, 1) for r in (gather, both, spread) if r]
+        middle = [push + pull] if pipelined else [push, pull]
+        return [(r, 1) for r in (gather, *middle, spread) if r]
     if algorithm == "tree":
         out, mask = [], 1
         while mask < n:
@@ -274,15 +278,16 @@ def rounds(algorithm: str, host_of: list[int], nbytes: float) -> list[tuple[list
 TWO_LEVEL = ("ring", "hierarchical", "ps", "ps-local", "tree")
 
 
-def predict_two_level(algorithm: str, host_of: list[int], nbytes: float, links: Links) -> float:
+def predict_two_level(algorithm: str, host_of: list[int], nbytes: float, links: Links,
+                      pipelined: bool = True) -> float:
     """Predicted all-reduce time in seconds on this placement: the sum over rounds of the
     slower level's alpha + beta x busiest link (Thakur, Rabenseifner & Gropp 2005, with the
     host boundary of Sack & Gropp's two-level model, "Collective algorithms for multiported
     torus networks", TOPC 2015, sec. 2) plus the crowding wait per round.  The ps family
-    adds the return of its last pipeline segment, as `predict` does."""
+    adds the return of its last pipeline segment, as `predict` does (`pipelined`: see rounds)."""
     total = sum(_round_time(moves, host_of, links) * times
-                for moves, times in rounds(algorithm, host_of, nbytes))
-    if algorithm in ("ps", "ps-local") and len(set(host_of)) > 1:
+                for moves, times in rounds(algorithm, host_of, nbytes, pipelined))
+    if algorithm in ("ps", "ps-local") and pipelined and len(set(host_of)) > 1:
         from psrt.collectives.ps import PIPELINE_BYTES
         lead = [h[0] for h in _by_host(host_of)] if algorithm == "ps-local" else range(len(host_of))
         remote = sum(1 for r in lead if host_of[r] != host_of[0])

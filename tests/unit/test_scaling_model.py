@@ -195,3 +195,13 @@ def test_zero3_pays_its_messages_once_per_unit_and_crowded_hosts_pay_a_wait_per_
     assert extra == pytest.approx(2 * 15 * 7 * crowded.wait_s)
     from psrt.train.profile import load
     assert step_model.units(load("vgg16")) == 16
+
+
+def test_local_aggregation_pushes_then_pulls_as_the_server_trains():
+    # one rank per host: local aggregation is the single server, whose update sits between
+    # the push and the pull (psrt/dp/ps.py), so neither model may overlap the two
+    two = step_model.placement(2, 1)
+    assert step_model.comm_time("ps-local", two, 16 << 20, GBIT) == pytest.approx(
+        step_model.comm_time("ps", two, 16 << 20, GBIT), rel=1e-6)
+    # the all-reduce algorithm of the same name pipelines them (psrt.collectives.ps)
+    assert cost.predict_two_level("ps-local", two, 16 << 20, GBIT) < 0.6 * step_model.comm_time("ps-local", two, 16 << 20, GBIT)

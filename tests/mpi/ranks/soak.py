@@ -6,6 +6,8 @@ All ranks draw the same sequence of (collective, algorithm, size, blocking?) fro
 they agree on what to call; each rank's data depends on its rank, so results are checkable.
 Stops after OPS operations or SECONDS, whichever comes first (rank 0 decides, every 50 ops).
 """
+import ctypes
+import gc
 import json
 import resource
 import sys
@@ -28,7 +30,20 @@ tri = n * (n + 1) / 2
 kinds = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall"]
 
 
+# Sub-communicators, datatypes and torch's own caches are made on first use of each
+# (collective, algorithm) pair: memory is compared from here on.
+WARMUP_OPS = 1000
+
+
 def rss_mb() -> float:
+    """Resident memory in MiB, of live objects: freed memory the allocator keeps for reuse
+    (glibc's arenas grow with the random sizes) is handed back first, so that what is left
+    to grow is a leak, not the allocator's cache."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):     # not glibc: RSS as it is
+        pass
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
@@ -77,7 +92,7 @@ while done < ops_max:
                 wrong += 1
         pending.clear()
     done += 1
-    if done == 200:
+    if done == WARMUP_OPS:
         rss["after_warmup"] = rss_mb()
     if done % 50 == 0 and control.bcast(time.monotonic() - t0 > seconds, root=0):
         break

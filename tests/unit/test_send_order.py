@@ -1,0 +1,74 @@
+"""psrt's schedules post a step's sends before its receives (psrt/collectives/schedule.py,
+Eager.start): a rank late to a two-rank exchange of large messages then sends its rendezvous
+header before the go-ahead for its peer's, and the two directions flow at once instead of
+one after the other.  Checked on the calls each builder makes, with a recording comm."""
+import numpy as np
+import torch
+
+from psrt.collectives import schedule
+from psrt.collectives.ring import schedule_allreduce
+
+
+class Comm:
+    """The point-to-point calls of an mpi4py Comm, recorded in order, completing at once."""
+
+    def __init__(self):
+        self.calls = []
+
+    def _record(self, name):
+        self.calls.append(name)
+        return Done()
+
+    def Isend(self, *a):
+        return self._record("Isend")
+
+    def Irecv(self, *a):
+        return self._record("Irecv")
+
+    def Send_init(self, *a):
+        return self._record("Send_init")
+
+    def Recv_init(self, *a):
+        return self._record("Recv_init")
+
+    def Sendrecv(self, *a):
+        self.calls.append("Sendrecv")
+
+
+class Done:
+    def Wait(self):
+        pass
+
+
+def test_eager_posts_every_send_before_any_receive(monkeypatch):
+    monkeypatch.setattr(schedule, "_waitall", lambda reqs: None)
+    comm = Comm()
+    b = schedule.Eager(comm, torch.zeros(2 << 20), "sum", 7)
+    b.transfer([(b.a[:1 << 20], 1)], [(b.a[1 << 20:], 1)])
+    assert comm.calls == ["Isend", "Irecv"]          # not a Sendrecv, which receives first
+    comm.calls.clear()
+    b.start([(b.a[:10], 1), (b.a[10:20], 0)], [(b.a[20:30], 1)])
+    assert comm.calls == ["Isend", "Isend", "Irecv"]
+
+
+def test_a_two_rank_ring_sends_first_in_every_step(monkeypatch):
+    monkeypatch.setattr(schedule, "_waitall", lambda reqs: None)
+    comm = Comm()
+    schedule_allreduce(schedule.Eager(comm, torch.zeros(1 << 20), "sum", 7), 2, 0)
+    assert comm.calls == ["Isend", "Irecv", "Isend", "Irecv"]      # reduce-scatter, then all-gather
+
+
+def test_a_plan_keeps_sendrecv_below_the_eager_limit_and_sends_first_above_it():
+    small = schedule.Recorder(Comm(), np.zeros(1024, np.float32), np.add, 7)
+    small.transfer([(small.a[:512], 1)], [(small.a[512:], 1)])
+    assert small.steps[0][0] == small.comm.Sendrecv
+    big = schedule.Recorder(Comm(), np.zeros(1 << 20, np.float32), np.add, 7)
+    big.transfer([(big.a[:1 << 19], 1)], [(big.a[1 << 19:], 1)])
+    fn, args = big.steps[0]
+    assert fn is schedule._exchange
+    posted = Comm()
+    schedule._post([], posted, args[1], args[2], 7)           # _exchange's order, as _post's
+    assert posted.calls == ["Isend", "Irecv"]
+    persistent = schedule.Recorder(Comm(), np.zeros(1 << 20, np.float32), np.add, 7, persistent=True)
+    persistent.transfer([(persistent.a[:8], 1)], [(persistent.a[8:16], 1)])
+    assert persistent.comm.calls == ["Send_init", "Recv_init"]

@@ -29,9 +29,8 @@ import tempfile
 from dataclasses import dataclass
 
 from psrt.bench import jobs
-from psrt.bench.step_model import VARIANTS, gradient_buckets, placement, predict_step, speedup, units
+from psrt.bench.step_model import VARIANTS, bucket_bytes, gradient_buckets, placement, predict_step, speedup, units
 from psrt.collectives import cost
-from psrt.dp import DEFAULT_BUCKET_MB
 from psrt.train.report import Progress
 
 HELP = ("speed-up of every strategy from 1 to 16 workers on emulated accelerator hosts (--profile), "
@@ -133,11 +132,6 @@ def measure_layout(profile: str, hosts: int, per_host: int, args, strategies: li
     return found
 
 
-def bucket_bytes(args) -> float:
-    """DDP's bucket size of the runs: --bucket-mb, or psrt.train's default."""
-    return (DEFAULT_BUCKET_MB if args.bucket_mb is None else args.bucket_mb) * 2 ** 20
-
-
 def links_of(summary: dict, hosts: int, per_host: int) -> cost.Links | None:
     """The run's fitted link (its ping-pong, in the summary) between hosts; inside a host the
     shared-memory default (psrt.collectives.cost.DEFAULT_LINKS), crowded by the ranks per core."""
@@ -191,7 +185,7 @@ def assemble(rows: list[dict], args) -> dict:
         elif links is not None:
             p = predict_step(r["strategy"], prof.forward_s, prof.backward_s,
                              placement(r["hosts"], r["per_host"]), r["grad_bytes"], links,
-                             gradient_buckets(prof, bucket_bytes(args)), units(prof))
+                             gradient_buckets(prof, bucket_bytes(args.bucket_mb)), units(prof))
             pred = p.step_s + host if p else None
             r["model_bound"] = p.bound if p else None
             r["host_s"] = host

@@ -17,7 +17,7 @@ this machine's cores, not the network, so a goal that needs one is printed n/a, 
 from __future__ import annotations
 
 from psrt.bench.goal import Goal
-from psrt.dp import DEFAULT_BUCKET_MB
+from psrt.bench.step_model import bucket_bytes
 
 MODEL_WITHIN = 0.15
 HIER_2X4 = 1.5
@@ -51,14 +51,14 @@ def model_goal(rows: list[dict], profile: str, family: str) -> Goal | None:
                 missing="no link-bound cell")
 
 
-def hierarchical_goal(rows: list[dict], profile: str, bucket_bytes: float) -> Goal | None:
+def hierarchical_goal(rows: list[dict], profile: str, buckets: float) -> Goal | None:
     """Goal 2: the 4x4 latency goal where the buckets are small, else the 2x4 bandwidth goal."""
-    small = bucket_bytes <= SMALL_BUCKET
+    small = buckets <= SMALL_BUCKET
     layout, least = ("4x4", HIER_4X4) if small else ("2x4", HIER_2X4)
     flat, hier = _cell(rows, profile, layout, "ring"), _cell(rows, profile, layout, "ring-hier")
     if flat is None or hier is None or not small and flat["grad_bytes"] < HIER_2X4_BYTES:
         return None
-    what = f"buckets of {bucket_bytes / 1024:g} KiB" if small else "per step"
+    what = f"buckets of {buckets / 1024:g} KiB" if small else "per step"
     return Goal(f"{profile} {layout}: hierarchical >= {least}x faster than the flat ring ({what})", "ring-hier",
                 "ring", ">=", least, ratio=flat["step_s"] / hier["step_s"], judged=_linked(flat, hier),
                 detail="" if _linked(flat, hier) else "(a cell CPU-bound: not judged)")
@@ -99,10 +99,10 @@ def auto_goal(rows: list[dict], profile: str) -> Goal | None:
 
 def goals(payload: dict) -> list[Goal]:
     rows = payload["rows"]
-    bucket_bytes = (payload.get("bucket_mb") or DEFAULT_BUCKET_MB) * 2 ** 20
+    buckets = bucket_bytes(payload.get("bucket_mb"))
     out = []
     for profile in dict.fromkeys(r["profile"] for r in rows):
         out += [g for g in (model_goal(rows, profile, f) for f in FAMILIES) if g]
-        out += [g for g in (hierarchical_goal(rows, profile, bucket_bytes), auto_goal(rows, profile)) if g]
+        out += [g for g in (hierarchical_goal(rows, profile, buckets), auto_goal(rows, profile)) if g]
         out += server_goals(rows, profile)
     return out

@@ -82,8 +82,7 @@ def comm_time(strategy: str, host_of: list[int], grad_bytes: float, links: cost.
     if p is None:
         return None
     calls = units if strategy == "zero3" else 1
-    steps = sum(phase.steps for phase in traffic.phases(strategy, n, grad_bytes))
-    return p.bandwidth_s + calls * (p.latency_s + steps * links.step_wait())
+    return p.bandwidth_s + calls * (p.latency_s + p.steps * links.step_wait())
 
 
 def predict_step(strategy: str, forward_s: float, backward_s: float, host_of: list[int], grad_bytes: float,

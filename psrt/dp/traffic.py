@@ -60,6 +60,7 @@ def phases(strategy: str, size: int, nbytes: float, servers: int | None = None) 
 class Prediction:
     latency_s: float         # the alpha part of a step's communication
     bandwidth_s: float       # the beta part
+    steps: int = 0           # the sequential message latencies it counts
 
     @property
     def total_s(self) -> float:
@@ -76,8 +77,9 @@ def predict(strategy: str, size: int, nbytes: float, host_of: list[int], link: F
     steps = phases(strategy, size, nbytes, servers)
     if steps is None:
         return None
-    return Prediction(sum(p.steps for p in steps) * link.alpha_s,
-                      sum(link_load(p.transfers, host_of) for p in steps) * link.beta_s_per_byte)
+    latencies = sum(p.steps for p in steps)
+    return Prediction(latencies * link.alpha_s,
+                      sum(link_load(p.transfers, host_of) for p in steps) * link.beta_s_per_byte, latencies)
 
 
 def crossover(a: str, b: str, size: int, host_of: list[int], link: Fit, servers: int | None = None,

@@ -83,13 +83,11 @@ class Eager:
 
     def transfer(self, sends=(), recvs=()) -> None:
         c, tag = self.comm, self.tag
-        if sends and recvs:                # not Sendrecv, which posts its receive first (start)
-            _waitall(self.start(sends, recvs))
-        elif len(sends) == 1:
+        if len(sends) == 1 and not recvs:
             c.Send(msg(sends[0][0]), sends[0][1], tag)
-        elif len(recvs) == 1:
+        elif len(recvs) == 1 and not sends:
             c.Recv(msg(recvs[0][0]), recvs[0][1], tag)
-        else:
+        else:                              # not Sendrecv, which posts its receive first (start)
             _waitall(self.start(sends, recvs))
 
     def send_reduce(self, send, right: int, dst, mine, left: int, tmp) -> None:

@@ -127,8 +127,8 @@ def describe(rows: list[dict]) -> str:
     lines.append(format_table(table, COLUMNS))
     ring = next((r for r in rows if "crossover_vs" in r), None)
     if ring is not None:
-        lines.append(crossover_line(ring, rows))
-        lines += [ratio_line(ring, next(r for r in rows if r["dp"] == ring["crossover_vs"]))]
+        server = next(r for r in rows if r["dp"] == ring["crossover_vs"])
+        lines += [crossover_line(ring, server), ratio_line(ring, server)]
     if link.get("intra") and link["hosts"] > 1:
         lines.append(two_level_line(link, rows[0]["grad_bytes"]))
     far = [r for r in rows if r.get("pred_comm_s")
@@ -163,9 +163,8 @@ def duration(seconds: float | None) -> str | None:
     return f"{seconds * 1e6:.3g} us"
 
 
-def crossover_line(ring: dict, rows: list[dict]) -> str:
-    vs, m = ring["crossover_vs"], ring["crossover_bytes"]
-    other = next(r for r in rows if r["dp"] == vs)
+def crossover_line(ring: dict, other: dict) -> str:
+    vs, m = other["dp"], ring["crossover_bytes"]
     if m is None:
         return (f"crossover: on this placement the model never has {ring['dp']} beat {vs}: "
                 f"{ring['dp']} puts as many bytes on the busiest link and pays more latencies")

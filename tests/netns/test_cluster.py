@@ -273,6 +273,10 @@ def test_cli_up_status_exec_down(names, capfd):
     qdisc = subprocess.run(["tc", "-n", hosts[1], "qdisc", "show", "dev", C.IFACE],
                            capture_output=True, text=True).stdout
     assert "tbf" in qdisc and "rate 100Mbit" in qdisc
+    # the hosts' TCP is the cluster's own, not the machine's default (cluster.CONGESTION_CONTROL)
+    cc = subprocess.run(["ip", "netns", "exec", hosts[1], "sysctl", "-n", "net.ipv4.tcp_congestion_control"],
+                        capture_output=True, text=True).stdout.strip()
+    assert cc == C.CONGESTION_CONTROL == "reno"
     assert CLI.main(["status"]) == 0
     assert f"{hosts[0]} ({C.Cluster(hosts, subnet).address(hosts[0])})" in capfd.readouterr().out
     # On a host: its own name, the others' addresses by name, only our link.

@@ -10,6 +10,11 @@ wall time, averaged over the ranks, is `run_queue`; above RUN_QUEUE_BOUND the ru
 CPU-bound.  The process CPU time against wall time (`cpu_busy`) is reported beside it: high
 where a rank computes or polls.  Neither needs privileges; on a system without schedstat
 the run-queue share is unknown (None) and the run is not marked.
+
+/proc/self/schedstat is the main thread's alone, and that is the one read on purpose: the
+communicator's thread waits in MPI, whose blocking waits poll (with mpi_yield_when_idle a
+sched_yield per poll), so it is runnable for as long as it waits and its run-queue time
+counts polling, not delay (docs/explanation/scaling.md says what that leaves out).
 """
 from __future__ import annotations
 

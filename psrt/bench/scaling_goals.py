@@ -89,12 +89,16 @@ def auto_goal(rows: list[dict], profile: str) -> Goal | None:
     autos = [r for r in rows if r["profile"] == profile and r["strategy"] == "ring-auto" and r.get("auto_vs_fastest") is not None]
     if not autos:
         return None
-    judged = [r for r in autos if _linked(r, _cell(rows, profile, r["layout"], "ring"),
-                                          _cell(rows, profile, r["layout"], "ring-hier"))]
-    worst = max(judged or autos, key=lambda r: r["auto_vs_fastest"])
+    # auto chooses between the flat and the hierarchical ring: a layout judges it only where
+    # both were measured (a run whose --strategies has no ring measured the flat one nowhere)
+    both = [r for r in autos if all(_cell(rows, profile, r["layout"], s) for s in ("ring", "ring-hier"))]
+    judged = [r for r in both if _linked(r, _cell(rows, profile, r["layout"], "ring"),
+                                         _cell(rows, profile, r["layout"], "ring-hier"))]
+    worst = max(judged or both or autos, key=lambda r: r["auto_vs_fastest"])
+    why = "" if judged else "; CPU-bound: not judged" if both else "; the flat ring not measured (--strategies ring): not judged"
     return Goal(f"{profile}: auto within {AUTO_WITHIN - 1:.0%} of the fastest ring on every layout ({len(judged)} link-bound)",
                 "ring-auto", "fastest ring", "<=", AUTO_WITHIN, ratio=1 + worst["auto_vs_fastest"], worst=True,
-                judged=bool(judged), detail=f"({worst['layout']})" + ("" if judged else "; CPU-bound: not judged"))
+                judged=bool(judged), detail=f"({worst['layout']}){why}")
 
 
 def goals(payload: dict) -> list[Goal]:

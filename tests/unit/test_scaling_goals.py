@@ -63,3 +63,13 @@ def test_small_buckets_judge_hierarchical_on_4x4_and_small_gradients_skip_the_2x
     assert not any("4x4: hierarchical" in t for t in _by_text(rows, bucket_mb=25))
     tiny = [dict(r, grad_bytes=3 * 2 ** 20) for r in rows]          # under 16 MiB: no 2x4 goal
     assert not any("hierarchical" in t for t in _by_text(tiny))
+
+
+def test_auto_is_not_judged_where_the_flat_ring_was_not_measured():
+    """A run of the servers alone still measures the ring variants on hosts of several ranks:
+    auto against the hierarchical ring only is no verdict, and the line says why (not the
+    cores)."""
+    rows = [_row("1x1", "ps", 1.0, 1.0), _row("2x2", "ps", 2.0, 2.0),
+            _row("2x2", "ring-hier", 1.0, 1.0), _row("2x2", "ring-auto", 1.3, 1.0, auto=0.3)]
+    auto = _by_text(rows)["vgg16: auto within 10% of the fastest ring on every layout (0 link-bound)"]
+    assert auto.ok is None and "the flat ring not measured" in auto.detail and "CPU" not in auto.detail

@@ -265,12 +265,12 @@ def _create(cluster: Cluster) -> None:
 # The emulated hosts' TCP congestion control, set rather than inherited from the machine's
 # default (a namespace starts with it): a machine running BBR (v1) gave the emulated links
 # 6-22% retransmitted segments under the sharded servers' all-to-all, BBR's known loss rate
-# where many flows share a shallow buffer (Hock, Bless & Zitterbart, ICNP 2017, sec. V), and
+# where many flows share a shallow buffer (Hock, Bless & Zitterbart, ICNP 2017), and
 # the model charges none.  Reno (NewReno, RFC 6582) halves its window on a loss, as the
 # CUBIC of most Linux clusters does, and is the one choice every kernel lets a namespace make
-# (the net.ipv4.tcp_allowed_congestion_control list always holds it).  Measured here, 2 ranks
-# on each of 4 hosts at 250 Mbit/s, ResNet-50's profile: 1-3% of segments retransmitted
-# against 6-22% under BBR, and the ps-sharded step a sixth to a fifth shorter (4x2 and 4x4).
+# (the net.ipv4.tcp_allowed_congestion_control list always holds it).  Measured here on 4
+# hosts at 250 Mbit/s, ResNet-50's profile: 1-3% of segments retransmitted against 6-22%
+# under BBR, and the ps-sharded step a sixth to a fifth shorter with 2 and with 4 ranks a host.
 CONGESTION_CONTROL = "reno"
 
 

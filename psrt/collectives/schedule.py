@@ -83,7 +83,10 @@ class Eager:
 
     def transfer(self, sends=(), recvs=()) -> None:
         c, tag = self.comm, self.tag
-        if len(sends) == 1 and not recvs:
+        if _small_exchange(sends, recvs):
+            (sb, dst), (rb, src) = sends[0], recvs[0]
+            c.Sendrecv(msg(sb), dst, tag, msg(rb), src, tag)
+        elif len(sends) == 1 and not recvs:
             c.Send(msg(sends[0][0]), sends[0][1], tag)
         elif len(recvs) == 1 and not sends:
             c.Recv(msg(recvs[0][0]), recvs[0][1], tag)
@@ -136,8 +139,13 @@ class Plan:
 
 # Sends are posted before receives on both paths (why: Eager.start).  Below Open MPI's TCP
 # eager limit (btl_tcp_eager_limit) a message needs no go-ahead, so the order is moot there
-# and a small plan keeps MPI_Sendrecv, the cheapest call for one exchange.
+# and one small exchange keeps MPI_Sendrecv, the cheapest call for it.
 RENDEZVOUS_BYTES = 64 << 10
+
+
+def _small_exchange(sends, recvs) -> bool:
+    """One send and one receive of a message under the eager limit (torch tensors or buffers)."""
+    return len(sends) == 1 and len(recvs) == 1 and sends[0][0].nbytes < RENDEZVOUS_BYTES
 
 
 def _exchange(comm, recvs: tuple, sends: tuple, tag: int) -> None:
@@ -198,7 +206,7 @@ class Recorder:
             reqs = [c.Send_init(b, p, tag) for b, p in sends] + [c.Recv_init(b, p, tag) for b, p in recvs]
             self.requests += reqs
             self.steps.append((_start_wait, (reqs,)))
-        elif len(sends) == 1 and len(recvs) == 1 and sends[0][0].nbytes < RENDEZVOUS_BYTES:
+        elif _small_exchange(sends, recvs):
             (sb, dst), (rb, src) = sends[0], recvs[0]
             self.steps.append((c.Sendrecv, (sb, dst, tag, rb, src, tag)))
         elif len(sends) == 1 and not recvs:

@@ -72,3 +72,11 @@ def test_a_plan_keeps_sendrecv_below_the_eager_limit_and_sends_first_above_it():
     persistent = schedule.Recorder(Comm(), np.zeros(1 << 20, np.float32), np.add, 7, persistent=True)
     persistent.transfer([(persistent.a[:8], 1)], [(persistent.a[8:16], 1)])
     assert persistent.comm.calls == ["Send_init", "Recv_init"]
+
+
+def test_eager_keeps_sendrecv_below_the_eager_limit(monkeypatch):
+    """The same rule as a plan's: one small exchange is one MPI_Sendrecv."""
+    comm = Comm()
+    b = schedule.Eager(comm, torch.zeros(16), "sum", 7)
+    b.transfer([(torch.zeros(8), 1)], [(torch.zeros(8), 1)])
+    assert comm.calls == ["Sendrecv"]

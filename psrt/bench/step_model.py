@@ -41,6 +41,8 @@ BUCKET_BYTES = DEFAULT_BUCKET_MB * 2 ** 20
 def bucket_bytes(bucket_mb: float | None) -> float:
     """DDP's bucket size in bytes for a --bucket-mb (None: psrt.train's default)."""
     return BUCKET_BYTES if bucket_mb is None else bucket_mb * 2 ** 20
+
+
 OVERLAPPED = ("ring", "native", "zero1", "zero2", "ring-hier", "ring-auto")
 # The cells' names for the strategies that need a flag besides --dp.
 VARIANTS = {"ring-hier": ("ring", ["--algorithm", "hierarchical"]),

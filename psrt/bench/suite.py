@@ -275,7 +275,7 @@ def training_section(rows: list[dict]) -> str:
 def network_section(payload: dict) -> str:
     from psrt.bench import network
     return ("## Network-bound regime: PS vs ring on emulated hosts\n\n"
-            "Hosts are network namespaces whose links are shaped with tc (tbf) in both directions. "
+            "Hosts are network namespaces whose links are shaped with tc (htb, small packets first) in both directions. "
             "Predicted: T = steps x alpha + beta x (bytes over the busiest link direction) "
             "(psrt/collectives/cost.py). `unshaped` is the same job on unshaped links, the floor set "
             "by this machine's cores; a row is network-bound where that floor is under 25% of the "

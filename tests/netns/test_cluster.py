@@ -272,7 +272,10 @@ def test_cli_up_status_exec_down(names, capfd):
     assert CLI.main(["up", *spec, "--rate", "100mbit"]) == 0
     qdisc = subprocess.run(["tc", "-n", hosts[1], "qdisc", "show", "dev", C.IFACE],
                            capture_output=True, text=True).stdout
-    assert "tbf" in qdisc and "rate 100Mbit" in qdisc
+    assert "htb" in qdisc and f"bfifo 20: parent 1:20 limit {int(C.rate_bytes('100mbit') * C.QUEUE_MS / 1000)}b" in qdisc
+    classes = subprocess.run(["tc", "-n", hosts[1], "class", "show", "dev", C.IFACE],
+                             capture_output=True, text=True).stdout
+    assert "class htb 1:1 root rate 100Mbit ceil 100Mbit" in classes, classes
     # the hosts' TCP is the cluster's own, not the machine's default (cluster.CONGESTION_CONTROL)
     cc = subprocess.run(["ip", "netns", "exec", hosts[1], "sysctl", "-n", "net.ipv4.tcp_congestion_control"],
                         capture_output=True, text=True).stdout.strip()
@@ -307,6 +310,78 @@ def test_cli_up_status_exec_down(names, capfd):
     assert f"\n  {hosts[0]}: unreachable (no eth0)\n" in out, out
     assert CLI.main(["down", *spec]) == 0
     assert_gone(C.Cluster(hosts, subnet))
+
+
+# Run on the receiving host: a TCP sink that counts bytes and a UDP echo, until killed.
+_SINK = """
+import socket, sys, threading
+host = sys.argv[1]
+def echo():
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.bind((host, 9001))
+    while True:
+        data, peer = u.recvfrom(64)
+        u.sendto(data, peer)
+threading.Thread(target=echo, daemon=True).start()
+t = socket.socket()
+t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+t.bind((host, 9000))
+t.listen(1)
+print("ready", flush=True)
+conn, _ = t.accept()
+while conn.recv(1 << 20):
+    pass
+"""
+
+# Run on the sending host: bulk TCP for `seconds` while a small UDP probe times round trips.
+_SOURCE = """
+import json, socket, statistics, sys, threading, time
+peer, seconds = sys.argv[1], float(sys.argv[2])
+t = socket.create_connection((peer, 9000))
+sent, stop = [0], time.monotonic() + seconds
+def bulk():
+    block = bytes(1 << 16)
+    while time.monotonic() < stop:
+        sent[0] += t.send(block)
+start = time.monotonic()
+threading.Thread(target=bulk, daemon=True).start()
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.settimeout(1.0)
+rtts = []
+time.sleep(seconds / 3)     # the bulk flow's window grows until the queue is full
+while time.monotonic() < stop:
+    t0 = time.perf_counter()
+    u.sendto(b"x" * 32, (peer, 9001))
+    u.recvfrom(64)
+    rtts.append(time.perf_counter() - t0)
+    time.sleep(0.01)
+print(json.dumps({"rtt_ms": statistics.median(rtts) * 1e3, "rate": sent[0] / (time.monotonic() - start)}))
+"""
+
+
+@netns
+def test_small_packets_pass_the_bulk_queue(names):
+    """A shaped link keeps the 10 ms bulk queue it needs for incast, but a small packet (an
+    ACK, MPI's go-ahead) does not wait in it: with one FIFO the probe's round trip is the
+    queue's depth (cluster.QUEUE_MS) while a bulk flow fills the link."""
+    hosts, subnet = names(2)
+    cluster = C.Cluster(hosts, subnet, rate="20mbit")
+    with C.running(cluster):
+        sink = subprocess.Popen(C.exec_argv(hosts[1], [sys.executable, "-c", _SINK, cluster.address(hosts[1])]),
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            assert sink.stdout.readline().strip() == "ready"
+            out = subprocess.run(C.exec_argv(hosts[0], [sys.executable, "-c", _SOURCE, cluster.address(hosts[1]), "3"]),
+                                 capture_output=True, text=True, timeout=30)
+            assert out.returncode == 0, out.stderr
+            got = json.loads(out.stdout)
+        finally:
+            sink.kill()
+            sink.wait()
+    # The bulk flow still runs at the link's rate (20 Mbit/s, less the headers) ...
+    assert 0.8 * C.rate_bytes("20mbit") < got["rate"] < 1.1 * C.rate_bytes("20mbit"), got
+    # ... and the probe's round trip is far under the queue's 10 ms.
+    assert got["rtt_ms"] < C.QUEUE_MS / 4, got
 
 
 @netns

@@ -167,9 +167,9 @@ def test_every_node_is_idle_with_its_slots_and_shaped_link(cluster):
     assert slurm.node_states(cluster) == {h: "idle" for h in cluster.hosts}
     cpus = on(cluster, "sinfo", "-h", "-N", "-o", "%N %c").stdout.split()
     assert cpus == [cluster.hosts[0], str(CPUS), cluster.hosts[1], str(CPUS)]
-    qdisc = subprocess.run(["tc", "-n", cluster.hosts[1], "qdisc", "show", "dev", C.IFACE],
-                           capture_output=True, text=True).stdout
-    assert "tbf" in qdisc and "rate 1Gbit" in qdisc
+    classes = subprocess.run(["tc", "-n", cluster.hosts[1], "class", "show", "dev", C.IFACE],
+                             capture_output=True, text=True).stdout
+    assert "class htb 1:1 root rate 1Gbit ceil 1Gbit" in classes, classes
 
 
 def test_srun_places_ranks_as_slurm_does(cluster):

@@ -40,8 +40,8 @@ LAYOUTS = ((1, 1), (2, 1), (2, 2), (4, 2), (4, 4))
 STRATEGIES = ("ring", "native", "zero1", "zero3", "ps", "ps-sharded")
 MULTI = ("ring-hier", "ps-local", "ring-auto")       # on hosts of several ranks only
 DEFAULTS = {"layouts": "1x1,2x1,2x2,2x4,4x2,4x4", "strategies": ",".join(STRATEGIES), "profiles": "resnet50,vgg16",
-            "steps": 6}
-QUICK = {"layouts": LAYOUTS[:4], "strategies": ("ring", "zero1", "ps"), "profiles": ["resnet50"], "steps": 4}
+            "steps": 10}
+QUICK = {"layouts": LAYOUTS[:4], "strategies": ("ring", "zero1", "ps"), "profiles": ["resnet50"], "steps": 8}
 
 
 @dataclass(frozen=True)
@@ -265,7 +265,7 @@ def add_arguments(p) -> None:
     p.add_argument("--prefix", default="psrt-s", help="name prefix of the emulated hosts")
     p.add_argument("--subnet", default=SUBNET, help="inside 198.18.0.0/15")
     p.add_argument("--quick", action="store_true", help="resnet50, ring/zero1/ps (+ring-hier, ps-local), "
-                   "up to 8 workers, 4 steps, where those flags are not given")
+                   "up to 8 workers, 8 steps, where those flags are not given")
     p.add_argument("--predict", action="store_true", help="no measurement: the model's table from 32 to "
                    "1024 workers on --preset (psrt/bench/scaling_prediction.py); needs no root")
     p.add_argument("--preset", default="dgx-a100,pcie-25g,emulated", help="with --predict: cluster presets "

@@ -43,7 +43,7 @@ def test_quick_fills_only_what_the_command_line_left():
     a = args(quick=True, layouts="1x1,2x1", strategies=scaling.DEFAULTS["strategies"],
              profiles=scaling.DEFAULTS["profiles"], steps=scaling.DEFAULTS["steps"])
     scaling.check(a)
-    assert a.layouts == [(1, 1), (2, 1)] and a.strategies == ["ring", "zero1", "ps"] and a.steps == 4
+    assert a.layouts == [(1, 1), (2, 1)] and a.strategies == ["ring", "zero1", "ps"] and a.steps == scaling.QUICK["steps"] == 8
 
 
 def test_dilation_follows_the_rates():

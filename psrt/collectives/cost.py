@@ -166,7 +166,11 @@ def wire_bytes(collective: str, algorithm: str, nbytes: int, size: int, rank: in
 # for its sender to be scheduled.  Estimated from the flat ring on 2 emulated hosts of 4
 # ranks (8 ranks on 2 cores, 1 Gbit/s): its 14 steps took 7-12 ms more than the link model,
 # 0.5-0.85 ms a step with 3 ranks too many per core; PSRT_... is not needed to change it:
-# `Links(wait_s=...)` takes a measured value.
+# `Links(wait_s=...)` takes a measured value.  That estimate predates the emulated links'
+# small-packet class (psrt.launch.cluster): with it, the same ring's per-step excess over the
+# link model at 16 KiB was about 20 us on 2 hosts of 4 ranks and 200 us on 4 hosts of 4 (3 and
+# 7 ranks too many per core), so this constant now over-charges many small messages
+# (docs/explanation/scaling.md, ZeRO-3 and small buckets).
 WAIT_S = 0.2e-3
 
 

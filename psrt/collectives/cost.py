@@ -169,8 +169,10 @@ def wire_bytes(collective: str, algorithm: str, nbytes: int, size: int, rank: in
 # `Links(wait_s=...)` takes a measured value.  That estimate predates the emulated links'
 # small-packet class (psrt.launch.cluster): with it, the same ring's per-step excess over the
 # link model at 16 KiB was about 20 us on 2 hosts of 4 ranks and 200 us on 4 hosts of 4 (3 and
-# 7 ranks too many per core), so this constant now over-charges many small messages
-# (docs/explanation/scaling.md, ZeRO-3 and small buckets).
+# 7 ranks too many per core), far under what this constant charges; ZeRO-3's per-layer
+# messages wait nearly as much as it charges (the published scaling table's ZeRO-3 cells
+# computed again with 25 us: ResNet-50 on 4 hosts of 4 measured 4.2x the model's step, on 2
+# hosts of 4 1.45x), so one constant fits neither.
 WAIT_S = 0.2e-3
 
 

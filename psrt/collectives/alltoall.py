@@ -1,11 +1,13 @@
 """psrt's own variable-size all-to-all: pairwise exchange over point-to-point.
 
 At step k = 1..N-1 rank r sends its block for rank (r+k) mod N and receives the block of
-rank (r-k) mod N, in one Sendrecv; its own block is a local copy.  Every rank talks to one
-partner at a time, so each link carries one transfer per step, and a step costs
-alpha + beta x (that pair's bytes) (Thakur, Rabenseifner & Gropp, "Optimization of
-Collective Communication Operations in MPICH", IJHPCA 19(1), 2005, sec. 3.5).  Blocks of
-any size, zero included, come straight from and go straight into the caller's buffers.
+rank (r-k) mod N (collectives/schedule.transfer: one MPI_Sendrecv for small blocks, the send
+posted before the receive for large ones, so that the two directions of a two-rank step flow
+at once); its own block is a local copy.  Every rank talks to one partner at a time, so each
+link carries one transfer per step, and a step costs alpha + beta x (that pair's bytes)
+(Thakur, Rabenseifner & Gropp, "Optimization of Collective Communication Operations in
+MPICH", IJHPCA 19(1), 2005, sec. 3.5).  Blocks of any size, zero included, come straight
+from and go straight into the caller's buffers.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import torch
 
 from psrt.collectives.layout import offsets
 from psrt.collectives.p2p import TAG_A2A
-from psrt.transport import msg
+from psrt.collectives.schedule import transfer
 
 
 def pairwise(comm, send: torch.Tensor, send_counts: list[int], recv: torch.Tensor,
@@ -34,5 +36,5 @@ def step(comm, k: int, send: torch.Tensor, send_offsets: list[int], recv: torch.
     the exchange spends its time."""
     n, r = comm.size, comm.rank
     dst, src = (r + k) % n, (r - k) % n
-    comm.Sendrecv(msg(send[send_offsets[dst]:send_offsets[dst + 1]]), dst, TAG_A2A,
-                  msg(recv[recv_offsets[src]:recv_offsets[src + 1]]), src, TAG_A2A)
+    transfer(comm, [(send[send_offsets[dst]:send_offsets[dst + 1]], dst)],
+             [(recv[recv_offsets[src]:recv_offsets[src + 1]], src)], TAG_A2A)

@@ -54,6 +54,35 @@ def _waitall(requests: list) -> None:
     MPI.Request.Waitall(requests)
 
 
+def post(comm, sends=(), recvs=(), tag: int = 0) -> list:
+    """Start the sends, then the receives, of torch tensors: (tensor, peer) pairs.
+
+    Sends go first.  A large message goes by rendezvous: its header out, the receiver's
+    go-ahead back, then the data (Open MPI's ob1 over TCP).  Where a rank arrives late at a
+    step whose peer already sent it a header, posting its receive first sends the go-ahead
+    before its own header, so the peer starts its bulk data at once and the go-ahead for the
+    late rank's header queues behind that data on the one connection between them: the two
+    directions of a two-rank exchange ran one after the other, a whole chunk's transfer late
+    (psrt.collectives.ring on 2 emulated hosts: 157 ms against 107 ms for 3 MiB at
+    250 Mbit/s).  Header first, both flow."""
+    return [comm.Isend(msg(b), p, tag) for b, p in sends] + [comm.Irecv(msg(b), p, tag) for b, p in recvs]
+
+
+def transfer(comm, sends=(), recvs=(), tag: int = 0) -> None:
+    """Move (tensor, peer) sends and receives and wait for them: MPI_Sendrecv for one small
+    exchange, MPI_Send or MPI_Recv alone, else `post` (not Sendrecv, which posts its receive
+    first) and MPI_Waitall."""
+    if _small_exchange(sends, recvs):
+        (sb, dst), (rb, src) = sends[0], recvs[0]
+        comm.Sendrecv(msg(sb), dst, tag, msg(rb), src, tag)
+    elif len(sends) == 1 and not recvs:
+        comm.Send(msg(sends[0][0]), sends[0][1], tag)
+    elif len(recvs) == 1 and not sends:
+        comm.Recv(msg(recvs[0][0]), recvs[0][1], tag)
+    else:
+        _waitall(post(comm, sends, recvs, tag))
+
+
 class Eager:
     """Runs a schedule's steps at once on torch tensors (the module's docstring)."""
 
@@ -67,31 +96,13 @@ class Eager:
         return torch.empty(shape, dtype=self.a.dtype, device=self.a.device)
 
     def start(self, sends=(), recvs=()) -> list:
-        # Sends are posted before receives.  A large message goes by rendezvous: its header
-        # out, the receiver's go-ahead back, then the data (Open MPI's ob1 over TCP).  Where
-        # a rank arrives late at a step whose peer already sent it a header, posting its
-        # receive first sends the go-ahead before its own header, so the peer starts its bulk
-        # data at once and the go-ahead for the late rank's header queues behind that data on
-        # the one connection between them: the two directions of a two-rank exchange ran one
-        # after the other, a whole chunk's transfer late (psrt.collectives.ring on 2 emulated
-        # hosts: 157 ms against 107 ms for 3 MiB at 250 Mbit/s).  Header first, both flow.
-        c, tag = self.comm, self.tag
-        return [c.Isend(msg(b), p, tag) for b, p in sends] + [c.Irecv(msg(b), p, tag) for b, p in recvs]
+        return post(self.comm, sends, recvs, self.tag)
 
     def complete(self, handle: list) -> None:
         _waitall(handle)
 
     def transfer(self, sends=(), recvs=()) -> None:
-        c, tag = self.comm, self.tag
-        if _small_exchange(sends, recvs):
-            (sb, dst), (rb, src) = sends[0], recvs[0]
-            c.Sendrecv(msg(sb), dst, tag, msg(rb), src, tag)
-        elif len(sends) == 1 and not recvs:
-            c.Send(msg(sends[0][0]), sends[0][1], tag)
-        elif len(recvs) == 1 and not sends:
-            c.Recv(msg(recvs[0][0]), recvs[0][1], tag)
-        else:                              # not Sendrecv, which posts its receive first (start)
-            _waitall(self.start(sends, recvs))
+        transfer(self.comm, sends, recvs, self.tag)
 
     def send_reduce(self, send, right: int, dst, mine, left: int, tmp) -> None:
         """Segments of `send` go out at once; the incoming ones are received in windows of

@@ -80,3 +80,25 @@ def test_eager_keeps_sendrecv_below_the_eager_limit(monkeypatch):
     b = schedule.Eager(comm, torch.zeros(16), "sum", 7)
     b.transfer([(torch.zeros(8), 1)], [(torch.zeros(8), 1)])
     assert comm.calls == ["Sendrecv"]
+
+
+class SizedComm(Comm):
+    """A recording comm that knows its rank and size, as the all-to-all asks."""
+
+    def __init__(self, rank, size):
+        super().__init__()
+        self.rank, self.size = rank, size
+
+
+def test_the_pairwise_all_to_all_sends_first_for_large_blocks_only(monkeypatch):
+    """Its two-rank steps (EP 2's one step, EP 4's middle one) are the exchanges the ring's
+    steps are: a Sendrecv there ran the two directions one after the other."""
+    from psrt.collectives import alltoall
+    monkeypatch.setattr(schedule, "_waitall", lambda reqs: None)
+    big = 1 << 20                              # elements: 4 MiB per block, over the eager limit
+    comm = SizedComm(0, 4)
+    alltoall.pairwise(comm, torch.zeros(4 * big), [big] * 4, torch.zeros(4 * big), [big] * 4)
+    assert comm.calls == ["Isend", "Irecv"] * 3
+    small = SizedComm(0, 4)
+    alltoall.pairwise(small, torch.zeros(64), [16] * 4, torch.zeros(64), [16] * 4)
+    assert small.calls == ["Sendrecv"] * 3

@@ -23,8 +23,9 @@ import torch
 
 from psrt.collectives.layout import offsets
 from psrt.collectives.p2p import TAG_A2A
+from psrt.collectives.schedule import transfer
 from psrt.collectives.staged import SLOTS, Piece, chunks
-from psrt.transport import msg, reduce_
+from psrt.transport import reduce_
 
 
 def allreduce(src: torch.Tensor, dst: torch.Tensor, per: int, reduce_chunk: Callable) -> list[Piece]:
@@ -147,13 +148,11 @@ class Exchange:
     g: int
 
     def __call__(self, host: torch.Tensor) -> None:
-        from mpi4py import MPI
-        reqs = []
-        if self.g:
-            reqs.append(self.comm.Irecv(msg(host[self.half:self.half + self.g]), self.frm, TAG_A2A))
-        if self.s:
-            reqs.append(self.comm.Isend(msg(host[:self.s]), self.to, TAG_A2A))
-        MPI.Request.Waitall(reqs)
+        # a large send posted before the receive, as in every two-way step of psrt's (why:
+        # collectives/schedule.post)
+        sends = [(host[:self.s], self.to)] if self.s else []
+        recvs = [(host[self.half:self.half + self.g], self.frm)] if self.g else []
+        transfer(self.comm, sends, recvs, TAG_A2A)
 
 
 # ------------------------------------------------------------ the Communicator's staged calls

@@ -34,6 +34,9 @@ class Comm:
     def Sendrecv(self, *a):
         self.calls.append("Sendrecv")
 
+    def Recv(self, *a):
+        self.calls.append("Recv")
+
 
 class Done:
     def Wait(self):
@@ -102,3 +105,16 @@ def test_the_pairwise_all_to_all_sends_first_for_large_blocks_only(monkeypatch):
     small = SizedComm(0, 4)
     alltoall.pairwise(small, torch.zeros(64), [16] * 4, torch.zeros(64), [16] * 4)
     assert small.calls == ["Sendrecv"] * 3
+
+
+def test_the_staged_all_to_all_sends_before_it_receives(monkeypatch):
+    """The GPU path's all-to-all piece (staged through host slots) is a two-way step too."""
+    from psrt.collectives.staged_plans import Exchange
+    monkeypatch.setattr(schedule, "_waitall", lambda reqs: None)
+    half = 1 << 15                              # elements: 128 KiB, over the eager limit
+    comm = Comm()
+    Exchange(comm, half=half, to=1, s=half, frm=1, g=half)(torch.zeros(2 * half))
+    assert comm.calls == ["Isend", "Irecv"]
+    comm.calls.clear()
+    Exchange(comm, half=half, to=1, s=0, frm=1, g=half)(torch.zeros(2 * half))   # nothing to send
+    assert comm.calls == ["Recv"]

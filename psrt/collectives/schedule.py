@@ -148,7 +148,7 @@ class Plan:
         self.requests = []
 
 
-# Sends are posted before receives on both paths (why: Eager.start).  Below Open MPI's TCP
+# Sends are posted before receives on both paths (why: `post`).  Below Open MPI's TCP
 # eager limit (btl_tcp_eager_limit) a message needs no go-ahead, so the order is moot there
 # and one small exchange keeps MPI_Sendrecv, the cheapest call for it.
 RENDEZVOUS_BYTES = 64 << 10

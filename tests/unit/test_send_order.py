@@ -1,7 +1,8 @@
-"""psrt's schedules post a step's sends before its receives (psrt/collectives/schedule.py,
-Eager.start): a rank late to a two-rank exchange of large messages then sends its rendezvous
-header before the go-ahead for its peer's, and the two directions flow at once instead of
-one after the other.  Checked on the calls each builder makes, with a recording comm."""
+"""psrt's schedules and all-to-alls post a step's sends before its receives
+(psrt/collectives/schedule.py, `post`): a rank late to a two-rank exchange of large messages
+then sends its rendezvous header before the go-ahead for its peer's, and the two directions
+flow at once instead of one after the other.  Checked on the calls each builder makes, with
+a recording comm."""
 import numpy as np
 import torch
 

@@ -152,7 +152,7 @@ class ParameterServer(DataParallel):
         is a server too, pull the new parameters."""
         trace = self.tracer
         t0 = t1 = now()
-        reqs, sent = [], 0
+        pushes, sent = [], 0
         for s, srv in enumerate(self.server_ranks):
             wire = self._push[s]
             self.flat.grads_into(wire.data, *self.ranges[s])
@@ -162,15 +162,24 @@ class ParameterServer(DataParallel):
                 if not self.host.leader:
                     break
             if srv != self.rank:
-                # Post the receive for the answer before pushing, so it is never unexpected.
-                reqs.append(self.pcomm.Irecv(self._pull[s].msg(), srv, TAG_PULL))
-                reqs.append(self.pcomm.Isend(wire.msg(), srv, TAG_PUSH))
+                pushes.append((s, self.pcomm.Isend(wire.msg(), srv, TAG_PUSH)))
                 sent += wire.nbytes
-        update_s = 0.0
+        update_s, send_reqs = 0.0, []
         if self.shard is not None:
             send_reqs, nbytes, update_s = self._serve_round(own=self._push[self.shard])
-            reqs += send_reqs
             sent += nbytes
+        # The receives for the answers are posted after this rank's own sends (its pushes,
+        # and its server's answers), as schedule.post orders a ring's step.  Posted earlier,
+        # the go-ahead for a peer server's answer left as soon as that answer's header came,
+        # on the one connection between the two ranks, behind whatever this rank's server
+        # was already sending that peer: where two ranks serve each other (ps-sharded), the
+        # later of their two answers waited for the earlier one to drain.  Measured with
+        # VGG-16's profile on 4 emulated hosts of 4 ranks, a step of 4.3-4.7 s before,
+        # 3.55-3.6 s after (the step model: 3.72 s).
+        reqs = []
+        for s, push in pushes:
+            reqs += [self.pcomm.Irecv(self._pull[s].msg(), self.server_ranks[s], TAG_PULL), push]
+        reqs += send_reqs
         with trace.span("push and pull", "comm", bytes=sent):
             wait_all(reqs, self.timeout_s, lambda p: f"--dp {self.name} worker rank {self.rank}: no "
                      f"parameters from server rank(s) {self._servers_of(reqs, p)} for step "
@@ -210,7 +219,7 @@ class ParameterServer(DataParallel):
                             f"step {self._step}, the servers have {scale}")
 
     def _servers_of(self, reqs: list, pending: list[int]) -> list[int]:
-        # Requests are posted (Irecv, Isend) per remote server, then this rank's server sends.
+        # Requests are listed (Irecv, Isend) per remote server, then this rank's server sends.
         remote = [srv for srv in self.server_ranks if srv != self.rank]
         return sorted({remote[i // 2] for i in pending if i // 2 < len(remote)})
 

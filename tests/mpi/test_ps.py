@@ -115,6 +115,27 @@ def test_sharded_servers_hold_only_their_shard(records, n):
 
 
 @pytest.mark.parametrize("n", (2, 3, 4))
+def test_answers_are_received_after_this_ranks_own_sends(records, n):
+    """Co-located ps-sharded: each rank posts the receives for the other servers' answers
+    only after its own pushes and its own server's answers (psrt.dp.ps, complete): posted
+    earlier, its go-ahead for a peer's answer queued behind the bulk data it was sending that
+    peer, and the two answers between a pair of ranks ran one after the other."""
+    seen = [r for r in records[n] if "calls" in r]
+    assert len(seen) == 2 * n, seen          # every rank, sgd and adam
+    for r in seen:
+        calls = r["calls"]
+        assert calls.count("r") == calls.count("a") == calls.count("p") == 3 * (n - 1), r
+        pushed = answered = posted = 0
+        for c in calls:
+            pushed += c == "p"
+            answered += c == "a"
+            posted += c == "r"
+            if c == "r":
+                # this step's pushes and answers all went before its first answer's receive
+                assert answered >= posted and pushed >= posted, (r["case"], r["rank"], calls)
+
+
+@pytest.mark.parametrize("n", (2, 3, 4))
 def test_server_link_carries_n_minus_1_models(records, n):
     """Co-located ps: rank 0 sends the model to each of the other N-1 workers every step,
     while a worker sends one gradient; sharding spreads the server's share over the ranks."""

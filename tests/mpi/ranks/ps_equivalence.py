@@ -15,8 +15,30 @@ import torch
 from mpi4py import MPI
 
 import psrt
+from psrt.dp.ps_protocol import TAG_PULL, TAG_PUSH
 from ps_harness import (Results, build, digest, flat, local_microbatches, make_data, make_model, mse, perturb,
                         reference, run_steps)
+
+
+class Recording:
+    """A strategy's communicator that notes its Isend and Irecv calls in order: 'p' a push
+    sent, 'a' an answer (parameters) sent, 'r' the receive of an answer posted."""
+
+    CODES = {("Isend", TAG_PUSH): "p", ("Isend", TAG_PULL): "a", ("Irecv", TAG_PULL): "r"}
+
+    def __init__(self, comm):
+        self._comm, self.calls = comm, []
+
+    def __getattr__(self, name):
+        return getattr(self._comm, name)
+
+    def Isend(self, buf, dest, tag):
+        self.calls.append(self.CODES.get(("Isend", tag), "."))
+        return self._comm.Isend(buf, dest, tag)
+
+    def Irecv(self, buf, source, tag):
+        self.calls.append(self.CODES.get(("Irecv", tag), "."))
+        return self._comm.Irecv(buf, source, tag)
 
 
 def cases(n: int):
@@ -48,6 +70,8 @@ def equivalence(comm, out, n: int, steps: int, batch: int, micro: int) -> None:
         want, want_losses = reference(model, optim, data)
         perturb(model, comm.rank)
         s = build(dp, model, optim, comm, **options)
+        if dp == "ps-sharded" and not options:
+            s.pcomm = Recording(s.pcomm)
         stats = run_steps(s, model, data, micro) if s.is_worker else []
         if not s.is_worker:
             s.serve()
@@ -56,6 +80,8 @@ def equivalence(comm, out, n: int, steps: int, batch: int, micro: int) -> None:
                       numel=s.flat.numel)
         shard = getattr(s, "shard_range", None)
         record["shard"] = list(shard) if shard else None
+        if isinstance(s.pcomm, Recording):
+            record["calls"] = "".join(s.pcomm.calls)
         s.finish()
         if s.is_worker:
             got = flat(model)

@@ -12,8 +12,13 @@ communication from psrt's alpha-beta models, with the overlap of backward the st
                                            end; a model whose gradients fit one bucket hides
                                            nothing
     step = forward + backward + comm       the parameter servers (a worker pushes after its
-                                           backward and waits for the pull: psrt/dp/ps.py),
-                                           zero3 (its gathers wait on each unit)
+                                           backward and waits for the pull: psrt/dp/ps.py)
+    step = the end of a timeline           zero3: unit by unit, each unit's compute waits
+                                           for its all-gather, the next unit's gather starts
+                                           as it computes (prefetch), each unit's reduce-
+                                           scatter starts after its backward, at most two in
+                                           flight, all of them on one queue in call order
+                                           (psrt.dp.zero3, psrt.collectives.executor)
 
 comm: the flat strategies from psrt.dp.traffic (bottleneck link per phase, Thakur,
 Rabenseifner & Gropp 2005); the hierarchical all-reduce and the parameter server with local
@@ -21,7 +26,8 @@ aggregation from the two-level model (psrt.collectives.cost.predict_two_level). 
 NIC sharing is in both: every transfer leaving a host is charged to that host's link.  Both
 charge each sequential message the wait for a core on a crowded host (cost.Links.step_wait).
 zero3 runs its three collectives once per unit (psrt.dp.zero3: each layer of a profile), so
-it pays their sequential messages once per unit: units x 3(N-1) of them.
+it pays their sequential messages once per unit: units x 3(N-1) of them; what its prefetch
+hides behind compute is what the timeline (`zero3_step`) leaves out of the step.
 
 No torch and no MPI here: tests/unit/test_scaling_model.py checks it alone.
 """
@@ -88,14 +94,18 @@ def comm_time(strategy: str, host_of: list[int], grad_bytes: float, links: cost.
 
 
 def predict_step(strategy: str, forward_s: float, backward_s: float, host_of: list[int], grad_bytes: float,
-                 links: cost.Links, buckets: list[tuple[float, int]] | None = None, units: int = 1) -> Step | None:
+                 links: cost.Links, buckets: list[tuple[float, int]] | None = None,
+                 units: list[Unit] | None = None) -> Step | None:
     """The step of `strategy` (see the module); None where no model covers it.  `buckets`:
     (seconds from the start of backward at which it is ready, bytes) of each gradient bucket in
     launch order (`gradient_buckets`); without them the overlapped strategies hide all of
-    their communication behind backward that backward's length allows; `units`: zero3's."""
-    comm = comm_time(strategy, host_of, grad_bytes, links, units)
+    their communication behind backward that backward's length allows; `units`: zero3's
+    (`units`), without which zero3 is one unit that hides nothing."""
+    comm = comm_time(strategy, host_of, grad_bytes, links, len(units) if units else 1)
     if comm is None:
         return None
+    if strategy == "zero3" and units and len(host_of) > 1:
+        return Step(forward_s + backward_s, comm, zero3_step(host_of, units, links))
     if strategy not in OVERLAPPED:
         return Step(forward_s + backward_s, comm, forward_s + backward_s + comm)
     if not buckets:
@@ -119,9 +129,73 @@ def gradient_buckets(profile, bucket_bytes: float, itemsize: int = 4) -> list[tu
             for idx in group_by_size([n for _, n in tensors], bucket_bytes)]
 
 
-def units(profile) -> int:
-    """zero3's units on a profile's model: each layer holding parameters (psrt.dp.zero3.wrap_units)."""
-    return sum(1 for layer in profile.layers if layer.params)
+@dataclass(frozen=True)
+class Unit:
+    """One of zero3's units: its forward and backward seconds and its parameters' bytes."""
+    forward_s: float
+    backward_s: float
+    nbytes: float
+
+
+def units(profile, itemsize: int = 4) -> list[Unit]:
+    """zero3's units on a profile's model, in forward order: each layer holding parameters
+    (psrt.dp.zero3.wrap_units).  A layer without parameters computes between two units, so
+    its times join the unit before it (the first unit, where none is before it)."""
+    out: list[Unit] = []
+    lead_f = lead_b = 0.0
+    for layer in profile.layers:
+        if layer.params:
+            out.append(Unit(layer.forward_s + lead_f, layer.backward_s + lead_b, layer.numel * itemsize))
+            lead_f = lead_b = 0.0
+        elif out:
+            last = out[-1]
+            out[-1] = Unit(last.forward_s + layer.forward_s, last.backward_s + layer.backward_s, last.nbytes)
+        else:
+            lead_f, lead_b = lead_f + layer.forward_s, lead_b + layer.backward_s
+    return out
+
+
+# psrt.dp.zero3's gradient reduce-scatters in flight at once (Zero3.IN_FLIGHT).
+ZERO3_IN_FLIGHT = 2
+
+
+def zero3_step(host_of: list[int], units: list[Unit], links: cost.Links,
+               in_flight: int = ZERO3_IN_FLIGHT) -> float:
+    """zero3's step on a timeline, as psrt.dp.zero3 runs it: forward gathers unit 0, then
+    each unit waits for its gather, starts the next unit's (prefetch) and computes; backward
+    gathers the last unit again (forward freed it), then each unit waits for its gather,
+    starts the previous unit's, computes, and starts its reduce-scatter, waiting first for
+    the oldest while `in_flight` are pending; the step ends when the last reduce-scatter
+    does.  Every collective runs on one queue in call order (psrt.collectives.executor), an
+    all-gather or a reduce-scatter of a unit taking a third of zero3's traffic for its bytes
+    (psrt.dp.traffic: three ring passes a unit)."""
+    def each(u: Unit) -> float:
+        return comm_time("zero3", host_of, u.nbytes, links) / 3
+    free = 0.0                                  # when the queue has run what it was given
+
+    def start(at: float, seconds: float) -> float:
+        nonlocal free
+        free = max(free, at) + seconds
+        return free
+    last = len(units) - 1
+    t = 0.0
+    ready = start(t, each(units[0]))
+    for k, u in enumerate(units):
+        t = max(t, ready)
+        if k < last:
+            ready = start(t, each(units[k + 1]))
+        t += u.forward_s
+    ready = start(t, each(units[last]))
+    pending: list[float] = []
+    for k in range(last, -1, -1):
+        t = max(t, ready)
+        if k > 0:
+            ready = start(t, each(units[k - 1]))
+        t += units[k].backward_s
+        while len(pending) >= in_flight:
+            t = max(t, pending.pop(0))
+        pending.append(start(t, each(units[k])))
+    return max([t] + pending)
 
 
 def placement(hosts: int, per_host: int) -> list[int]:

@@ -194,7 +194,34 @@ def test_zero3_pays_its_messages_once_per_unit_and_crowded_hosts_pay_a_wait_per_
     extra = step_model.comm_time("ring", host_of, 8 << 20, crowded) - step_model.comm_time("ring", host_of, 8 << 20, GBIT)
     assert extra == pytest.approx(2 * 15 * 7 * crowded.wait_s)
     from psrt.train.profile import load
-    assert step_model.units(load("vgg16")) == 16
+    vgg = load("vgg16")
+    got = step_model.units(vgg)
+    assert len(got) == 16                  # 13 convolutions and 3 linear layers
+    assert sum(u.nbytes for u in got) == vgg.grad_bytes()
+    # the layers without parameters (ReLU, pooling) keep their time, in the unit before them
+    assert sum(u.forward_s for u in got) == pytest.approx(vgg.forward_s)
+    assert sum(u.backward_s for u in got) == pytest.approx(vgg.backward_s)
+
+
+def test_zero3_timeline_hides_what_its_prefetch_hides():
+    from psrt.dp.zero3 import Zero3
+    assert step_model.ZERO3_IN_FLIGHT == Zero3.IN_FLIGHT
+    host_of = step_model.placement(2, 1)
+    unit = 4 << 20
+    each = step_model.comm_time("zero3", host_of, unit, GBIT) / 3       # one gather or reduce-scatter
+    # no compute: nothing to hide behind, the step is every collective one after the other
+    bare = [step_model.Unit(0.0, 0.0, unit)] * 3
+    assert step_model.zero3_step(host_of, bare, GBIT) == pytest.approx(9 * each)
+    # compute far longer than each collective: all hidden but the first gather of forward,
+    # the last unit's gather again at the start of backward and the last reduce-scatter
+    busy = [step_model.Unit(10 * each, 20 * each, unit)] * 3
+    assert step_model.zero3_step(host_of, busy, GBIT) == pytest.approx(90 * each + 3 * each)
+    step = step_model.predict_step("zero3", 30 * each, 60 * each, host_of, 3 * unit, GBIT, units=busy)
+    assert step.step_s == pytest.approx(93 * each)
+    assert step.comm_s == pytest.approx(9 * each)
+    # without units: one unit, nothing hidden (the upper bound)
+    whole = step_model.predict_step("zero3", 30 * each, 60 * each, host_of, 3 * unit, GBIT)
+    assert whole.step_s == pytest.approx(90 * each + 3 * step_model.comm_time("zero3", host_of, 3 * unit, GBIT) / 3)
 
 
 def test_local_aggregation_pushes_then_pulls_as_the_server_trains():

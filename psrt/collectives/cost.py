@@ -170,10 +170,10 @@ def wire_bytes(collective: str, algorithm: str, nbytes: int, size: int, rank: in
 # small-packet class (psrt.launch.cluster): with it, the same ring's per-step excess over the
 # link model at 16 KiB was about 20 us on 2 hosts of 4 ranks and 200 us on 4 hosts of 4 (3 and
 # 7 ranks too many per core), far under what this constant charges; ZeRO-3's per-layer
-# messages wait less than it charges on 8 ranks and about as much on 16 (the published
-# scaling table's ZeRO-3 cells, with the step model's unit-by-unit timeline, computed again
-# with 25 us: ResNet-50 on 4 hosts of 4 measured 3.6x the model's step, on 2 hosts of 4
-# 1.4x; with this constant 0.76x and 0.56x), so one constant fits neither.
+# messages wait less than it charges but far more than the ring's (the published scaling
+# table's ZeRO-3 cells, with the step model's unit-by-unit timeline: ResNet-50 on 2 hosts of
+# 4 ranks measured 0.56x the model's step, on 4 hosts of 4 0.76x; with 25 us instead, 1.4x
+# and 3.6x), so one constant fits neither.
 WAIT_S = 0.2e-3
 
 

@@ -207,10 +207,14 @@ def test_cleanup_after_an_error_kills_what_runs_inside(names):
     with pytest.raises(RuntimeError, match="boom"):
         with C.running(cluster):
             left = subprocess.Popen(C.exec_argv(hosts[1], ["sleep", "60"]))
-            # inside before the error (on a loaded machine the agent can take seconds to enter
-            # the namespace, after the cleanup has looked for what runs there)
+            # The process itself inside before the error (on a loaded machine the agent can take
+            # seconds to enter the namespace, after the cleanup has looked for what runs there).
+            # Any pid would not do: the agent's own `ip -n HOST link show`, which checks that
+            # the host is up, passes through the namespace first, and the agent could then enter
+            # it between the cleanup's look and the namespace's removal.  The agent execs its
+            # way to the command (ip netns exec, unshare, sh), so the command keeps its pid.
             deadline = time.monotonic() + 30
-            while not _running_inside(hosts[1]) and time.monotonic() < deadline:
+            while left.pid not in _pids_inside(hosts[1]) and time.monotonic() < deadline:
                 time.sleep(0.05)
             raise RuntimeError("boom")
     assert left.wait(timeout=10) != 0  # ended by the cleanup, not by itself
@@ -243,9 +247,13 @@ def test_signals_take_the_cluster_down(names):
         assert_gone(cluster)
 
 
-def _running_inside(host: str) -> bool:
+def _pids_inside(host: str) -> set[int]:
     out = subprocess.run(["ip", "netns", "pids", host], capture_output=True, text=True)
-    return out.returncode == 0 and bool(out.stdout.split())
+    return {int(p) for p in out.stdout.split() if p.isdigit()} if out.returncode == 0 else set()
+
+
+def _running_inside(host: str) -> bool:
+    return bool(_pids_inside(host))
 
 
 @netns

@@ -176,16 +176,18 @@ class ParameterServer(DataParallel):
         # later of their two answers waited for the earlier one to drain.  Measured with
         # VGG-16's profile on 4 emulated hosts of 4 ranks, a step of 4.3-4.7 s before,
         # 3.55-3.6 s after (the step model: 3.72 s).
-        reqs = []
+        reqs, peers = [], []         # peers: the server each request waits for (None: this rank's own answers)
         for s, push in pushes:
-            reqs += [self.pcomm.Irecv(self._pull[s].msg(), self.server_ranks[s], TAG_PULL), push]
+            srv = self.server_ranks[s]
+            reqs += [self.pcomm.Irecv(self._pull[s].msg(), srv, TAG_PULL), push]
+            peers += [srv, srv]
         reqs += send_reqs
+        peers += [None] * len(send_reqs)
         with trace.span("push and pull", "comm", bytes=sent):
             wait_all(reqs, self.timeout_s, lambda p: f"--dp {self.name} worker rank {self.rank}: no "
-                     f"parameters from server rank(s) {self._servers_of(reqs, p)} for step "
+                     f"parameters from server rank(s) {sorted({peers[i] for i in p} - {None})} for step "
                      f"{self._step} after {self.timeout_s:.0f} s",
-                     peers=[next(iter(self._servers_of(reqs, [i])), None) for i in range(len(reqs))], comm=self.pcomm,
-                     who=f"--dp {self.name} worker rank {self.rank}")
+                     peers=peers, comm=self.pcomm, who=f"--dp {self.name} worker rank {self.rank}")
         answers = [self._out if srv == self.rank else self._pull[s] for s, srv in enumerate(self.server_ranks)]
         if self.host is not None:
             self.host.spread(answers[0])
@@ -217,11 +219,6 @@ class ParameterServer(DataParallel):
         if self.scaler.scale != scale:
             raise PsrtError(f"--dp {self.name} worker rank {self.rank}: loss scale {self.scaler.scale} after "
                             f"step {self._step}, the servers have {scale}")
-
-    def _servers_of(self, reqs: list, pending: list[int]) -> list[int]:
-        # Requests are listed (Irecv, Isend) per remote server, then this rank's server sends.
-        remote = [srv for srv in self.server_ranks if srv != self.rank]
-        return sorted({remote[i // 2] for i in pending if i // 2 < len(remote)})
 
     def _serve_round(self, own: Wire | None = None) -> tuple[list, int, float]:
         """Receive one message from every active worker, average the gradients in rank order,

@@ -46,7 +46,7 @@ def test_mpi_settings_for_open_mpi_4_and_5():
     agent = str(C.AGENT)
     assert C.mpi_flags(c, "openmpi4") == [
         "--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_no_tree_spawn", "1",
-        "--mca", "pml", "ob1", "--mca", "btl", "self,tcp",
+        "--mca", "pml", "ob1", "--mca", "btl", "self,vader,tcp",
         "--mca", "btl_tcp_if_include", "198.18.3.0/24",
         "--mca", "oob_tcp_if_include", "198.18.3.0/24"]
     five = C.mpi_flags(c, "openmpi5")
@@ -54,7 +54,7 @@ def test_mpi_settings_for_open_mpi_4_and_5():
                         "--prtemca", "plm_ssh_no_tree_spawn", "1"]
     assert ["--prtemca", "oob_tcp_if_include", "198.18.3.0/24"] == five[15:18]
     env = C.mpi_env(c, "openmpi5")
-    assert env["PRTE_MCA_plm_ssh_agent"] == agent and env["OMPI_MCA_btl"] == "self,tcp"
+    assert env["PRTE_MCA_plm_ssh_agent"] == agent and env["OMPI_MCA_btl"] == "self,sm,tcp"
     assert env["OMPI_MCA_pml"] == "ob1" and env["PRTE_MCA_oob_tcp_if_include"] == c.subnet
 
 

@@ -334,7 +334,7 @@ def test_cli_emulated_dry_run_shows_the_cluster_and_the_agent(capsys):
     assert code == 0 and first.startswith("# emulated cluster: node0 (198.18.0.1), node1")
     agent = str(ROOT / "scripts" / "netns_agent")
     assert command.startswith(f"{agent} node0 mpirun ")
-    for flag in (f"--mca plm_rsh_agent {agent}", "--mca btl self,tcp",
+    for flag in (f"--mca plm_rsh_agent {agent}", "--mca btl self,vader,tcp",
                  "--mca btl_tcp_if_include 198.18.0.0/24", "--mca mpi_yield_when_idle 1",
                  "--bind-to none"):
         assert flag in command

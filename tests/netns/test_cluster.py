@@ -236,7 +236,7 @@ def test_signals_take_the_cluster_down(names):
     deadline = time.monotonic() + 240
     for sig, (cluster, proc) in runs.items():
         # Wait until the command runs inside the first host, then interrupt.
-        while not _running_inside(cluster.hosts[0]):
+        while not _pids_inside(cluster.hosts[0]):
             assert proc.poll() is None, proc.stderr.read()
             assert time.monotonic() < deadline, "the cluster never came up"
             time.sleep(0.2)
@@ -250,10 +250,6 @@ def test_signals_take_the_cluster_down(names):
 def _pids_inside(host: str) -> set[int]:
     out = subprocess.run(["ip", "netns", "pids", host], capture_output=True, text=True)
     return {int(p) for p in out.stdout.split() if p.isdigit()} if out.returncode == 0 else set()
-
-
-def _running_inside(host: str) -> bool:
-    return bool(_pids_inside(host))
 
 
 @netns

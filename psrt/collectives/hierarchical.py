@@ -50,14 +50,24 @@ import torch
 from mpi4py import MPI
 
 from psrt.collectives import native, ring
-# Below LEADER_BYTES an all-reduce goes through one rank per host (3 rounds of the MPI
-# library's collectives) instead of shards (psrt's ring between hosts, 2(H-1) steps):
-# per-call costs, not bytes, set the time of a DDP bucket of a small model.
+# Below LEADER_BYTES an all-reduce goes through one rank per host (the MPI library's reduce
+# and broadcast inside each host, an all-reduce among the hosts' first ranks) instead of
+# shards: per-call costs, not bytes, set the time of a DDP bucket of a small model.
 from psrt.collectives.cost import LEADER_BYTES
 from psrt.collectives.layout import even_counts, offsets
 from psrt.transport import msg
 
 TAG_HIER = 107
+# Between the hosts' first ranks, from this size on psrt's ring rather than the library's
+# all-reduce.  Open MPI 4.1's fixed rules run Rabenseifner's algorithm there (on 4 to 15
+# hosts from 8 KiB, on 2 or 3 from 256 KiB: docs/explanation/scaling.md), whose two-way
+# exchanges go by rendezvous above the TCP eager limit (64 KiB) and then run one direction
+# after the other (psrt.collectives.schedule.post says why); the ring sends one way on each
+# connection.  The whole hierarchical all-reduce on 4 emulated hosts of 2 ranks at
+# 250 Mbit/s (psrt.bench collectives, median of 9), the library's between the leaders
+# against the ring: 4 KiB 0.89 against 2.38 ms, 64 KiB 3.21 against 3.23 ms, 512 KiB 38.9
+# against 28.1 ms.
+LEADERS_RING_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -248,11 +258,20 @@ def allreduce(topo: Topology, buf: torch.Tensor, op: str) -> None:
         p, local = topo.placement, topo.local
         native.reduce(local, buf, 0, op)
         if p.local_of[topo.rank] == 0 and p.hosts > 1:
-            native.allreduce(topo.shard_comm(0), buf, op)
+            _between_leaders(topo.shard_comm(0), buf, op)
         native.broadcast(local, buf, 0)
         return
     block, src = _even_blocks(topo.placement, buf.numel())
     _two_level(topo, buf, block, src, op, lambda c, part, sizes: ring.allreduce(c, part, op, sizes))
+
+
+def _between_leaders(comm, buf: torch.Tensor, op: str) -> None:
+    """The all-reduce among the hosts' first ranks: the MPI library's below LEADERS_RING_BYTES,
+    where its few rounds win, psrt's ring from there (what the two-level model charges)."""
+    if buf.numel() * buf.element_size() < LEADERS_RING_BYTES:
+        native.allreduce(comm, buf, op)
+    else:
+        ring.allreduce(comm, buf, op, even_counts(buf.numel(), comm.Get_size()))
 
 
 def reduce_scatter(topo: Topology, buf: torch.Tensor, counts: list[int], op: str) -> None:

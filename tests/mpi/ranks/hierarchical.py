@@ -61,11 +61,14 @@ def matrix(comm: Communicator, failures: list, ran: dict) -> None:
                       comm.broadcast(b.clone(), root=root, algorithm="hierarchical"), want, True)
             ran["movements"] += 1 + n
     for dtype, op in ((torch.int64, "sum"), (torch.bfloat16, "max"), (torch.float32, "prod")):
-        numel = (5 << 20) // dtype.itemsize + 7       # pipelined in segments between hosts
-        x = values(r, numel, dtype, 0, op)
-        check(failures, f"allreduce n{n} {dtype} {numel} {op}", comm.allreduce(x, op=op, algorithm="hierarchical"),
-              comm.allreduce(x, op=op, algorithm="native"), True)
-        ran["reductions"] += 1
+        # through the hosts' first ranks, psrt's ring between them; then in shards, pipelined in
+        # segments between hosts
+        for numel in ((128 << 10) // dtype.itemsize + 7, (5 << 20) // dtype.itemsize + 7):
+            x = values(r, numel, dtype, 0, op)
+            check(failures, f"allreduce n{n} {dtype} {numel} {op}",
+                  comm.allreduce(x, op=op, algorithm="hierarchical"), comm.allreduce(x, op=op, algorithm="native"),
+                  True)
+            ran["reductions"] += 1
     for numel in (1000, 1 << 16):    # rounding: any order of a float sum is within tolerance
         x = torch.randn(numel, generator=torch.Generator().manual_seed(r))
         check(failures, f"float sum n{n} {numel}", comm.allreduce(x, algorithm="hierarchical"),

@@ -63,11 +63,13 @@ TAG_HIER = 107
 # hosts from 8 KiB, on 2 or 3 from 256 KiB: docs/explanation/scaling.md), whose two-way
 # exchanges go by rendezvous above the TCP eager limit (64 KiB) and then run one direction
 # after the other (psrt.collectives.schedule.post says why); the ring sends one way on each
-# connection.  The whole hierarchical all-reduce on 4 emulated hosts of 2 ranks at
-# 250 Mbit/s (psrt.bench collectives, median of 9), the library's between the leaders
-# against the ring: 4 KiB 0.89 against 2.38 ms, 64 KiB 3.21 against 3.23 ms, 512 KiB 38.9
-# against 28.1 ms.
-LEADERS_RING_BYTES = 64 << 10
+# connection, but makes 2(H-1) rounds.  The whole hierarchical all-reduce at 250 Mbit/s
+# (psrt.bench collectives, median of 9), the library's between the leaders against the ring:
+# on 4 emulated hosts of 2 ranks, 4 KiB 0.89 against 2.38 ms, 64 KiB 3.21 against 3.23 ms,
+# 512 KiB 38.9 against 28.1 ms; on 4 hosts of 4 ranks (two runs each), 64 KiB 4.2-5.0
+# against 5.7-8.0 ms, 128 KiB 9.6-10.7 against 8.0-9.4 ms, 512 KiB 46.4-46.6 against
+# 31.7-34.0 ms.
+LEADERS_RING_BYTES = 128 << 10
 
 
 @dataclass(frozen=True)

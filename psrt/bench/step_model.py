@@ -21,8 +21,9 @@ communication from psrt's alpha-beta models, with the overlap of backward the st
                                            (psrt.dp.zero3, psrt.collectives.executor)
 
 comm: the flat strategies from psrt.dp.traffic (bottleneck link per phase, Thakur,
-Rabenseifner & Gropp 2005); the hierarchical all-reduce and the parameter server with local
-aggregation from the two-level model (psrt.collectives.cost.predict_two_level).  Per-host
+Rabenseifner & Gropp 2005); the hierarchical all-reduce, the parameter server with local
+aggregation and the MPI library's all-reduce where it runs Rabenseifner's algorithm
+(cost.native_allreduce) from the two-level model (psrt.collectives.cost.predict_two_level).  Per-host
 NIC sharing is in both: every transfer leaving a host is charged to that host's link.  Both
 charge each sequential message the wait for a core on a crowded host (cost.Links.step_wait).
 zero3 runs its three collectives once per unit (psrt.dp.zero3: each layer of a profile), so
@@ -82,6 +83,8 @@ def comm_time(strategy: str, host_of: list[int], grad_bytes: float, links: cost.
         return cost.predict_two_level("hierarchical", host_of, grad_bytes, links)
     if strategy == "ps-local":            # the server updates between the push and the pull
         return cost.predict_two_level("ps-local", host_of, grad_bytes, links, pipelined=False)
+    if strategy == "native" and cost.native_allreduce(n, grad_bytes) == "rabenseifner" and len(set(host_of)) > 1:
+        return cost.predict_two_level("rabenseifner", host_of, grad_bytes, links)
     one_node = len(set(host_of)) == 1
     # one node: every rank's bytes cross its own link inside the node (NVLink, PCIe, shared
     # memory), which the flat models would not charge (they count only links between hosts)

@@ -196,6 +196,52 @@ class Links:
 # through a shard per local rank (why: there).
 LEADER_BYTES = 1 << 20
 
+# The MPI library's own all-reduce ('native'), as Open MPI 4.1's fixed rules choose it
+# (ompi/mca/coll/tuned/coll_tuned_decision_fixed.c, ompi_coll_tuned_allreduce_intra_dec_fixed,
+# v4.1.4): Rabenseifner's algorithm for a commutative all-reduce of at least these bytes on
+# at most these ranks; the model charges the ring elsewhere.
+RABENSEIFNER_FROM = ((3, 256 << 10), (15, 8 << 10), (31, 4 << 10))
+# Rabenseifner's steps are two-way exchanges, each over one TCP connection.  Both directions
+# run at once when the two ranks come to the exchange together, one after the other when
+# one comes late (psrt.collectives.schedule.post: the library posts its receive first), and
+# which of the two happens depends on timing the model does not know: it charges the mean,
+# 1.5 x one direction, for each exchange between hosts.  Chosen against the `native` cells of
+# six published runs of `psrt.bench scaling` (2x1 to 4x4, ResNet-50 and VGG-16, 250 Mbit/s
+# links), recomputed: charged the ring, the cells on 4 hosts were 20-51% over the model;
+# charged this, -1% to +21%.  Two ranks on two hosts of one rank ran their exchanges both
+# ways at once in some runs and one after the other in others, so those cells sit about
+# 25% either side of the mean (2.0 put every cell on 4 hosts 4-22% under the model, 1.75
+# most 2x1 cells 28-36% under).
+TWO_WAY = 1.5
+
+
+def native_allreduce(n: int, nbytes: float) -> str:
+    """The schedule the model charges the MPI library's all-reduce of `nbytes` on `n` ranks:
+    'rabenseifner' where Open MPI 4.1's fixed rules run it on a power of two of ranks,
+    else 'ring'."""
+    if n < 2 or n & (n - 1):
+        return "ring"
+    for most, least in RABENSEIFNER_FROM:
+        if n <= most:
+            return "rabenseifner" if nbytes >= least else "ring"
+    return "ring"
+
+
+def _rabenseifner_rounds(host_of: list[int], nbytes: float) -> list[tuple[list, int]]:
+    """Reduce-scatter by recursive halving (rank r exchanges half of what it holds with r ^ 1,
+    then a quarter with r ^ 2, ...), then all-gather by recursive doubling, the same
+    exchanges in reverse (Thakur, Rabenseifner & Gropp 2005, sec. 4.4; Open MPI's
+    allreduce_intra_redscat_allgather).  A power of two of ranks; the exchanges between
+    hosts carry TWO_WAY x their bytes."""
+    n = len(host_of)
+    out, m, mask = [], nbytes / 2, 1
+    while mask < n:
+        out.append(([(r, r ^ mask, m * (TWO_WAY if host_of[r] != host_of[r ^ mask] else 1.0))
+                     for r in range(n)], 1))
+        m, mask = m / 2, mask << 1
+    return out + out[::-1]
+
+
 # Assumed when nothing was measured ('auto' decides before any ping-pong): a gigabit
 # Ethernet link between hosts and shared memory inside one.
 DEFAULT_LINKS = Links(Fit(2e-6, 1 / 4e9, 1.0), Fit(50e-6, 1 / 125e6, 1.0))
@@ -241,7 +287,8 @@ def rounds(algorithm: str, host_of: list[int], nbytes: float, pipelined: bool = 
     LEADER_BYTES through each host's first rank), ps
     (everything through rank 0, pipelined so both directions run at once), ps-local (the
     same between one rank per host after a reduction inside each host, psrt.dp.ps's
-    --local-aggregation) and tree (binomial reduce then broadcast).  `pipelined` False: the
+    --local-aggregation), tree (binomial reduce then broadcast) and rabenseifner (the MPI
+    library's, `native_allreduce`).  `pipelined` False: the
     ps family's push and pull one after the other, as psrt.dp.ps trains (its server updates
     between them)."""
     n = len(host_of)
@@ -274,13 +321,17 @@ def rounds(algorithm: str, host_of: list[int], nbytes: float, pipelined: bool = 
         spread = [(d, s, m) for s, d, m in gather]
         middle = [push + pull] if pipelined else [push, pull]
         return [(r, 1) for r in (gather, *middle, spread) if r]
+    if algorithm == "rabenseifner":
+        if n & (n - 1):
+            raise ValueError(f"rabenseifner: {n} ranks, not a power of two")
+        return _rabenseifner_rounds(host_of, nbytes)
     if algorithm == "tree":
         out, mask = [], 1
         while mask < n:
             out.append(([(r, r - mask, nbytes) for r in range(n) if r & mask and not r & (mask - 1)], 1))
             mask <<= 1
         return out + [([(d, s, m) for s, d, m in moves], 1) for moves, _ in reversed(out)]
-    raise ValueError(f"no two-level model for {algorithm!r} (ring, hierarchical, ps, ps-local, tree)")
+    raise ValueError(f"no two-level model for {algorithm!r} (ring, hierarchical, ps, ps-local, tree, rabenseifner)")
 
 
 TWO_LEVEL = ("ring", "hierarchical", "ps", "ps-local", "tree")

@@ -59,8 +59,8 @@ from psrt.transport import msg
 
 TAG_HIER = 107
 # Between the hosts' first ranks, from this size on psrt's ring rather than the library's
-# all-reduce.  Open MPI 4.1's fixed rules run Rabenseifner's algorithm there (on 4 to 15
-# hosts from 8 KiB, on 2 or 3 from 256 KiB: docs/explanation/scaling.md), whose two-way
+# all-reduce.  Open MPI 4.1's fixed rules run Rabenseifner's algorithm there (from the
+# sizes of psrt.collectives.cost.RABENSEIFNER_FROM), whose two-way
 # exchanges go by rendezvous above the TCP eager limit (64 KiB) and then run one direction
 # after the other (psrt.collectives.schedule.post says why); the ring sends one way on each
 # connection, but makes 2(H-1) rounds.  The whole hierarchical all-reduce at 250 Mbit/s

@@ -170,11 +170,12 @@ def wire_bytes(collective: str, algorithm: str, nbytes: int, size: int, rank: in
 # a second run of its ZeRO-3 cells (ResNet-50 and VGG-16, 2x2 to 4x4 emulated hosts with
 # shared memory inside each, on 2 cores), 125-135 us kept every ZeRO-3 cell within about 15%
 # of the step model; 200 us put ResNet-50's 8- and 16-rank cells 20-34% under it, 100 us
-# VGG-16's 16-rank cell 25% over.  The same cells moved by up to 15% between the two runs.  A collective alone waits less than inside a training step (the
-# flat ring's per-step excess at 16 KiB, benched alone, was about 20 us on 2 hosts of 4
-# ranks and 200 us on 4 hosts of 4: 7 and 29 us per rank too many), so the model
-# over-charges many small collectives run by themselves (the small-bucket table in
-# docs/explanation/scaling.md).  `Links(wait_s=...)` takes another value.
+# VGG-16's 16-rank cell 25% over.  The same cells moved by up to 15% between the two runs.
+# A collective alone waits less than inside a training step (the flat ring's per-step excess
+# at 16 KiB, benched alone, was about 20 us on 2 hosts of 4 ranks and 200 us on 4 hosts of
+# 4: 7 and 29 us per rank too many), so the model over-charges many small collectives run
+# by themselves (the small-bucket table in docs/explanation/scaling.md).
+# `Links(wait_s=...)` takes another value.
 WAIT_S = 0.13e-3
 
 

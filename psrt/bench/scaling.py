@@ -6,11 +6,12 @@ Each layout (hosts x ranks per host: 1x1, 2x1, 2x2, 4x2, 4x4) is an emulated clu
 (psrt/train/emulated.py): compute is timed waits, communication is real MPI.  Each worker
 trains the profile's own batch (weak scaling, as data parallelism is used), so the speed-up
 of W workers is W x the one-worker step over the W-worker step.  The profile is dilated
-(--stands-for): its gradient tensors divided by --byte-divisor K and its compute times
-multiplied by D = B_real / (K x B_emulated), so that the emulated link keeps the ratio of
-compute to communication of a cluster whose links carry B_real; every time in the
-table is the emulated one, and the stands-for line says which cluster the rows stand for
-(latency is not dilated: docs/explanation/scaling.md).
+(--stands-for): its gradient tensors divided by K (--byte-divisor, or per profile:
+`divisor_for`) and its compute times multiplied by D = B_real / (K x B_emulated), so that
+the emulated link keeps the ratio of compute to communication of a cluster whose links
+carry B_real; every time in the table is the emulated one, and a stands-for line per
+profile says which cluster its rows stand for (latency is not dilated:
+docs/explanation/scaling.md).
 
 Per cell: the step (median over the steps after the first), speed-up, efficiency, what
 bound it (cpu where the ranks waited for cores: psrt/train/cpu_load.py, never a network
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -44,6 +46,35 @@ DEFAULTS = {"layouts": "1x1,2x1,2x2,2x4,4x2,4x4", "strategies": ",".join(STRATEG
 QUICK = {"layouts": LAYOUTS[:4], "strategies": ("ring", "zero1", "ps"), "profiles": ["resnet50"], "steps": 8}
 
 
+# What each profile's gradients are divided down to by default (`divisor_for`).  What the
+# emulation adds to every message (a wait for a core on a crowded host, the TCP stack's
+# handshakes) is not dilated, so it weighs against the emulated step, whose link time
+# follows the divided gradients: divided to one size, every profile's step carries about
+# the same share of it, the share VGG-16 carries at K = 32 (docs/explanation/scaling.md,
+# "Time dilation", has the two runs of ResNet-50 that show it).
+GRADIENT_TARGET = 16 << 20
+
+
+def divisor_for(prof, target: float = GRADIENT_TARGET) -> float:
+    """The default K of a profile: the power of two that divides its gradients nearest
+    (as a ratio) to `target` bytes; 1 for gradients at or under it."""
+    return float(2 ** max(0, round(math.log2(prof.grad_bytes() / target))))
+
+
+@dataclass(frozen=True)
+class Scale:
+    """A profile's dilation in a run: gradients divided by `divisor`, compute x `dilation`."""
+    divisor: float
+    dilation: float
+
+
+def scale_of(args, prof) -> Scale:
+    """--byte-divisor, or the profile's own (`divisor_for`), and the time dilation that keeps
+    --stands-for's ratio of compute to communication: D = B_real / (K x B_emulated)."""
+    k = args.byte_divisor or divisor_for(prof)
+    return Scale(k, rate_bits(args.stands_for) / (k * rate_bits(args.rate)))
+
+
 @dataclass(frozen=True)
 class Cell:
     profile: str
@@ -65,11 +96,12 @@ def rate_bits(rate: str) -> float:
     return 8 * rate_bytes(rate)
 
 
-def train_argv(profile: str, args, dps: list[str], workers: int, metrics: str, extra: list[str]) -> list[str]:
+def train_argv(profile: str, args, scale: Scale, dps: list[str], workers: int, metrics: str,
+               extra: list[str]) -> list[str]:
     from psrt.train.profile import load
     batch = load(profile).batch * workers
-    return [sys.executable, "-m", "psrt.train", "--profile", profile, "--time-dilation", f"{args.dilation:g}",
-            "--byte-divisor", f"{args.byte_divisor:g}", "--dp", ",".join(dps), "--steps", str(args.steps),
+    return [sys.executable, "-m", "psrt.train", "--profile", profile, "--time-dilation", f"{scale.dilation:g}",
+            "--byte-divisor", f"{scale.divisor:g}", "--dp", ",".join(dps), "--steps", str(args.steps),
             "--batch-size", str(batch), "--quiet", "--metrics", metrics, *extra,
             *(["--bucket-mb", f"{args.bucket_mb:g}"] if args.bucket_mb is not None else [])]
 
@@ -104,13 +136,13 @@ def launches(strategies: list[str]) -> list[list[str]]:
     return [group for group in out if group]
 
 
-def measure_layout(profile: str, hosts: int, per_host: int, args, strategies: list[str]) -> dict:
+def measure_layout(profile: str, hosts: int, per_host: int, args, scale: Scale, strategies: list[str]) -> dict:
     """{cell strategy: (step seconds, summary row)} of one layout (`launches`)."""
     from psrt.launch import cluster as C
     found = {}
     with tempfile.TemporaryDirectory() as tmp:
         if hosts * per_host == 1:                # one worker: every strategy is the same step
-            argv = train_argv(profile, args, ["ring"], 1, os.path.join(tmp, "one.jsonl"), [])
+            argv = train_argv(profile, args, scale, ["ring"], 1, os.path.join(tmp, "one.jsonl"), [])
             subprocess.run(argv, stdin=subprocess.DEVNULL, env=jobs.rank_env(), check=True)
             got = read_metrics(lambda dp: os.path.join(tmp, "one.jsonl"), ["ring"])["ring"]
             return {s: got for s in strategies}
@@ -120,7 +152,7 @@ def measure_layout(profile: str, hosts: int, per_host: int, args, strategies: li
                 dps = [VARIANTS[c][0] if c in VARIANTS else c for c in cells]
                 extra = [f for c in cells if c in VARIANTS for f in VARIANTS[c][1]]
                 metrics = os.path.join(tmp, f"launch{k}.jsonl")
-                argv = train_argv(profile, args, dps, hosts * per_host, metrics, extra)
+                argv = train_argv(profile, args, scale, dps, hosts * per_host, metrics, extra)
                 code = jobs.run_on_cluster(cluster, [(n, per_host) for n in names], argv)
                 if code != 0:
                     print(f"psrt.bench scaling: {profile} {hosts}x{per_host} {' '.join(cells)} failed (exit {code})",
@@ -149,8 +181,9 @@ def run(args) -> dict:
     progress = Progress(len(todo), "scaling", enabled=not args.quiet, unit="layouts")
     for i, (profile, hosts, per_host) in enumerate(todo):
         strategies = list(args.strategies) + (list(MULTI) if per_host > 1 else [])
-        measured = measure_layout(profile, hosts, per_host, args, strategies)
-        prof = load(profile).dilated(args.dilation, args.byte_divisor)
+        scale = scale_of(args, load(profile))
+        measured = measure_layout(profile, hosts, per_host, args, scale, strategies)
+        prof = load(profile).dilated(scale.dilation, scale.divisor)
         # a launch of one strategy measures no link (psrt.train fits it when comparing): the
         # layout's fit from another launch stands for it
         fitted = next((sm for _, sm in measured.values() if "alpha_s" in sm), {})
@@ -173,10 +206,11 @@ def assemble(rows: list[dict], args) -> dict:
     cell's step less the profile's compute, measured in the same run and added to every
     cell of more workers (`host_s`).  The one-worker cell is predicted without it, so its
     error shows that work's share."""
-    out = []
+    out, scales = [], {}
     for r in rows:
         one = next((o for o in rows if o["profile"] == r["profile"] and o["workers"] == 1), None)
         prof, links = r.pop("prof"), r.pop("links")
+        scales[r["profile"]] = Scale(1 / prof.byte_scale, prof.dilation)
         compute = prof.forward_s + prof.backward_s
         host = max(0.0, one["step_s"] - compute) if one else 0.0
         pred = None
@@ -201,15 +235,16 @@ def assemble(rows: list[dict], args) -> dict:
             rings = [o["step_s"] for o in out if (o["profile"], o["layout"]) == (r["profile"], r["layout"])
                      and o["strategy"] in ("ring", "ring-hier")]
             r["auto_vs_fastest"] = r["step_s"] / min(rings) - 1 if rings else None
-    return {"rows": out, "stands_for": stands_for(args), "rate": args.rate, "dilation": args.dilation,
-            "byte_divisor": args.byte_divisor, "bucket_mb": args.bucket_mb, "cores": os.cpu_count()}
+    return {"rows": out, "stands_for": {p: stands_for(args.rate, p, s) for p, s in scales.items()},
+            "scales": {p: {"byte_divisor": s.divisor, "dilation": s.dilation} for p, s in scales.items()},
+            "rate": args.rate, "bucket_mb": args.bucket_mb, "cores": os.cpu_count()}
 
 
-def stands_for(args) -> str:
-    real = args.dilation * args.byte_divisor * rate_bits(args.rate)
-    return (f"emulated links of {args.rate}; gradients /{args.byte_divisor:g} and compute x{args.dilation:g}: each row "
-            f"stands for the same accelerators on links of {real / 1e9:g} Gbit/s with the profile's real gradient "
-            f"sizes, step times {args.dilation:g}x shorter than shown (latency not dilated)")
+def stands_for(rate: str, profile: str, scale: Scale) -> str:
+    real = scale.dilation * scale.divisor * rate_bits(rate)
+    return (f"{profile}: emulated links of {rate}; gradients /{scale.divisor:g} and compute x{scale.dilation:g}: "
+            f"its rows stand for the same accelerators on links of {real / 1e9:g} Gbit/s with the profile's real "
+            f"gradient sizes, step times {scale.dilation:g}x shorter than shown (latency not dilated)")
 
 
 COLUMNS = [("profile", "profile", ""), ("layout", "hosts x ranks", ""), ("workers", "workers", "d"),
@@ -256,7 +291,8 @@ def add_arguments(p) -> None:
     # step times: every byte a rank copies, reduces or pushes through the TCP stack costs this
     # machine's shared cores, the link's time does not (docs/explanation/scaling.md).
     p.add_argument("--rate", default="250mbit", help="emulated link rate (tc syntax)")
-    p.add_argument("--byte-divisor", type=float, default=32.0, help="gradient tensors divided by K")
+    p.add_argument("--byte-divisor", type=float, help="gradient tensors divided by K (default: per profile, "
+                   f"the power of two that brings its gradients nearest {GRADIENT_TARGET >> 20} MiB)")
     p.add_argument("--stands-for", default="25gbit", help="the real cluster's link rate: sets the time "
                    "dilation D = rate / (K x --rate)")
     p.add_argument("--bucket-mb", type=float, help="DDP's bucket size in MiB, of the divided gradients "
@@ -305,9 +341,8 @@ def check(args) -> None:
     for p in args.profiles:
         load(p)
     need(args.steps >= 2, f"--steps {args.steps}: at least 2 (the first is set-up)")
-    need(args.byte_divisor >= 1, f"--byte-divisor {args.byte_divisor:g}: at least 1")
+    need(args.byte_divisor is None or args.byte_divisor >= 1, f"--byte-divisor {args.byte_divisor}: at least 1")
     need(args.bucket_mb is None or args.bucket_mb > 0, f"--bucket-mb {args.bucket_mb}: more than 0")
-    args.dilation = rate_bits(args.stands_for) / (args.byte_divisor * rate_bits(args.rate))
 
 
 def predict_command(args) -> int:
@@ -358,7 +393,8 @@ def command(args) -> int:
     C.require_netns()
     with _children_on_stderr():
         payload = run(args)
-    print(f"# {payload['stands_for']}")
+    for line in payload["stands_for"].values():
+        print(f"# {line}")
     print(f"# this machine: {payload['cores']} cores; a cell 'bound by cpu' waited for cores (not a network result)")
     report.table(payload["rows"], COLUMNS)
     from psrt.bench import goal, scaling_goals

@@ -46,11 +46,22 @@ def test_quick_fills_only_what_the_command_line_left():
     assert a.layouts == [(1, 1), (2, 1)] and a.strategies == ["ring", "zero1", "ps"] and a.steps == scaling.QUICK["steps"] == 8
 
 
-def test_dilation_follows_the_rates():
+def test_dilation_follows_the_rates_and_each_profile_gets_its_own_divisor():
+    from psrt.train import profile
     a = args()
     scaling.check(a)
-    assert a.dilation == pytest.approx(25 / 8)
     assert a.layouts == [(1, 1), (2, 2)]
+    assert scaling.scale_of(a, profile.load("resnet50")) == scaling.Scale(8.0, pytest.approx(25 / 8))
+    # by default each profile's gradients are divided to about the same size: 97.5 MiB / 8
+    # and 528 MiB / 32 against 16 MiB; gradients already under it are left whole
+    a = args(byte_divisor=None, rate="250mbit")
+    scaling.check(a)
+    got = {name: scaling.scale_of(a, profile.load(name)) for name in ("resnet50", "vgg16", "gpt2-small", "bert-base")}
+    assert {name: s.divisor for name, s in got.items()} == {"resnet50": 8, "vgg16": 32, "gpt2-small": 32, "bert-base": 32}
+    assert got["resnet50"].dilation == pytest.approx(100 / 8) and got["vgg16"].dilation == pytest.approx(100 / 32)
+    tiny = {"name": "t", "batch": 8, "layers": [{"name": "l", "forward_s": 0.01, "backward_s": 0.02,
+                                                  "params": [["weight", [4, 3]]]}]}
+    assert scaling.divisor_for(profile.from_dict(tiny, "x")) == 1.0
 
 
 @pytest.mark.parametrize("change,words", [({"layouts": "2x2"}, "include 1x1"), ({"layouts": "1x3"}, "at least 2 hosts"),
@@ -169,7 +180,6 @@ def test_every_cell_of_several_workers_pays_the_host_work_one_worker_measured():
     compute = prof.forward_s + prof.backward_s
     a = args()
     scaling.check(a)
-    a.dilation, a.byte_divisor = 1.0, 1.0
     cell = dict(profile="resnet50", cpu_bound=False, run_queue=0.0, grad_bytes=prof.grad_bytes(), prof=prof)
     rows = [dict(cell, layout="1x1", hosts=1, per_host=1, workers=1, strategy="ring", step_s=compute + 0.02,
                  links=None),

@@ -204,16 +204,23 @@ LEADER_BYTES = 1 << 20
 RABENSEIFNER_FROM = ((3, 256 << 10), (15, 8 << 10), (31, 4 << 10))
 # Rabenseifner's steps are two-way exchanges, each over one TCP connection.  Both directions
 # run at once when the two ranks come to the exchange together, one after the other when
-# one comes late (psrt.collectives.schedule.post: the library posts its receive first), and
-# which of the two happens depends on timing the model does not know: it charges the mean,
-# 1.5 x one direction, for each exchange between hosts.  Chosen against the `native` cells of
-# six published runs of `psrt.bench scaling` (2x1 to 4x4, ResNet-50 and VGG-16, 250 Mbit/s
-# links), recomputed: charged the ring, the cells on 4 hosts were 20-51% over the model;
-# charged this, -1% to +21%.  Two ranks on two hosts of one rank ran their exchanges both
-# ways at once in some runs and one after the other in others, so those cells sit about
-# 25% either side of the mean (2.0 put every cell on 4 hosts 4-22% under the model, 1.75
-# most 2x1 cells 28-36% under).
+# one comes late (psrt.collectives.schedule.post: the library posts its receive first).
+# Where ranks share cores one of the two often comes late, by a wait for a core, and the
+# cells came out between the two: the model charges the mean, TWO_WAY = 1.5 x one
+# direction, for each exchange between hosts.  Where each rank has a core of its own they
+# mostly come together, and the model charges one direction (`two_way`).  Chosen against the
+# `native` cells of published runs of `psrt.bench scaling` (2x1 to 4x4, ResNet-50 and
+# VGG-16, 250 Mbit/s links), recomputed: charged one direction, the crowded cells on 4 hosts
+# of six runs were 20-51% over the model, charged 1.5 -1% to +21% (2.0 put them 4-22%
+# under); the 2x1 cells of seven runs, a rank per core, were within 15% of one direction in
+# ten of fourteen and 31-68% over it in the other four, while 1.5 put them from 27% under
+# to 22% over.
 TWO_WAY = 1.5
+
+
+def two_way(links: "Links") -> float:
+    """What an exchange between hosts is charged, in one direction's bytes (see TWO_WAY)."""
+    return TWO_WAY if links.crowd > 1.0 else 1.0
 
 
 def native_allreduce(n: int, nbytes: float) -> str:
@@ -228,16 +235,16 @@ def native_allreduce(n: int, nbytes: float) -> str:
     return "ring"
 
 
-def _rabenseifner_rounds(host_of: list[int], nbytes: float) -> list[tuple[list, int]]:
+def _rabenseifner_rounds(host_of: list[int], nbytes: float, two_way: float) -> list[tuple[list, int]]:
     """Reduce-scatter by recursive halving (rank r exchanges half of what it holds with r ^ 1,
     then a quarter with r ^ 2, ...), then all-gather by recursive doubling, the same
     exchanges in reverse (Thakur, Rabenseifner & Gropp 2005, sec. 4.4; Open MPI's
     allreduce_intra_redscat_allgather).  A power of two of ranks; the exchanges between
-    hosts carry TWO_WAY x their bytes."""
+    hosts carry `two_way` x their bytes."""
     n = len(host_of)
     out, m, mask = [], nbytes / 2, 1
     while mask < n:
-        out.append(([(r, r ^ mask, m * (TWO_WAY if host_of[r] != host_of[r ^ mask] else 1.0))
+        out.append(([(r, r ^ mask, m * (two_way if host_of[r] != host_of[r ^ mask] else 1.0))
                      for r in range(n)], 1))
         m, mask = m / 2, mask << 1
     return out + out[::-1]
@@ -281,7 +288,8 @@ def _by_host(host_of: list[int]) -> list[list[int]]:
     return list(hosts.values())
 
 
-def rounds(algorithm: str, host_of: list[int], nbytes: float, pipelined: bool = True) -> list[tuple[list, int]]:
+def rounds(algorithm: str, host_of: list[int], nbytes: float, pipelined: bool = True,
+           two_way: float = TWO_WAY) -> list[tuple[list, int]]:
     """[(transfers of one round, times it repeats)] of one all-reduce of `nbytes` on the
     placement `host_of` (rank -> host): flat ring, hierarchical (psrt.collectives.
     hierarchical: inside each host, a ring per shard between hosts, inside again; below
@@ -289,7 +297,8 @@ def rounds(algorithm: str, host_of: list[int], nbytes: float, pipelined: bool = 
     (everything through rank 0, pipelined so both directions run at once), ps-local (the
     same between one rank per host after a reduction inside each host, psrt.dp.ps's
     --local-aggregation), tree (binomial reduce then broadcast) and rabenseifner (the MPI
-    library's, `native_allreduce`).  `pipelined` False: the
+    library's, `native_allreduce`; `two_way`: what each of its exchanges between hosts is
+    charged, `two_way(links)`).  `pipelined` False: the
     ps family's push and pull one after the other, as psrt.dp.ps trains (its server updates
     between them)."""
     n = len(host_of)
@@ -325,7 +334,7 @@ def rounds(algorithm: str, host_of: list[int], nbytes: float, pipelined: bool = 
     if algorithm == "rabenseifner":
         if n & (n - 1):
             raise ValueError(f"rabenseifner: {n} ranks, not a power of two")
-        return _rabenseifner_rounds(host_of, nbytes)
+        return _rabenseifner_rounds(host_of, nbytes, two_way)
     if algorithm == "tree":
         out, mask = [], 1
         while mask < n:
@@ -346,7 +355,7 @@ def predict_two_level(algorithm: str, host_of: list[int], nbytes: float, links: 
     torus networks", TOPC 2015, sec. 2) plus the crowding wait per round.  The ps family
     adds the return of its last pipeline segment, as `predict` does (`pipelined`: see rounds)."""
     total = sum(_round_time(moves, host_of, links) * times
-                for moves, times in rounds(algorithm, host_of, nbytes, pipelined))
+                for moves, times in rounds(algorithm, host_of, nbytes, pipelined, two_way(links)))
     if algorithm in ("ps", "ps-local") and pipelined and len(set(host_of)) > 1:
         from psrt.collectives.ps import PIPELINE_BYTES
         lead = [h[0] for h in _by_host(host_of)] if algorithm == "ps-local" else range(len(host_of))

@@ -5,7 +5,8 @@ beside its summary when it compares strategies.
 A step is a list of phases that run one after the other; a phase is a set of transfers that
 run at once, plus the sequential message latencies it pays:
 
-- ring all-reduce (ring, native, torch, horovod; zero1's and zero2's reduce-scatter +
+- ring all-reduce (ring, native where the MPI library runs a ring, torch, horovod; zero1's
+  and zero2's reduce-scatter +
   all-gather moves the same bytes): one phase, 2(N-1) steps, 2(N-1)/N x M from each rank to
   its successor (Patarasuk & Yuan, JPDC 2009); zero3 gathers the parameters twice (forward
   and backward) and reduce-scatters once: 3(N-1) steps and 3(N-1)/N x M (Rajbhandari et al.,
@@ -14,7 +15,11 @@ run at once, plus the sequential message latencies it pays:
 - parameter server (ps, ps-sharded, ps-async): a push phase (every worker sends slice s of
   its gradient, M/S bytes, to each server s) and, after the update, a pull phase (each server
   sends its M/S of parameters to every worker).  The two do not overlap: a server updates
-  only once every push is in (ps.py).
+  only once every push is in (ps.py);
+- the MPI library's all-reduce (native) where it runs Rabenseifner's algorithm
+  (cost.native_allreduce), given both levels of a placement of several hosts: the two-level
+  model's price of that algorithm (cost.predict_two_level), its 2 log2 N exchanges as the
+  latency steps.
 
 Time of a phase = latency steps x alpha + (bytes over the busiest host link direction) x beta,
 the bottleneck-link form of Thakur, Rabenseifner & Gropp (IJHPCA 2005) that cost.py uses.
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from psrt.collectives import cost
 from psrt.collectives.cost import Fit, link_load
 from psrt.dp.roles import async_layout, ps_layout, sharded_layout
 
@@ -72,8 +78,15 @@ class Prediction:
 
 
 def predict(strategy: str, size: int, nbytes: float, host_of: list[int], link: Fit,
-            servers: int | None = None) -> Prediction | None:
-    """Predicted communication of one step; None where the model has no phases for it."""
+            servers: int | None = None, levels: cost.Links | None = None) -> Prediction | None:
+    """Predicted communication of one step; None where the model has no phases for it.
+    `levels`: both levels of a placement of several hosts (inside a host and `link` between
+    them), with which `native` is priced as the algorithm the library runs."""
+    if (strategy == "native" and levels is not None and len(set(host_of)) > 1
+            and cost.native_allreduce(size, nbytes) == "rabenseifner"):
+        exchanges = 2 * (size.bit_length() - 1)
+        total = cost.predict_two_level("rabenseifner", host_of, nbytes, levels)
+        return Prediction(exchanges * link.alpha_s, max(0.0, total - exchanges * link.alpha_s), exchanges)
     steps = phases(strategy, size, nbytes, servers)
     if steps is None:
         return None
@@ -83,13 +96,13 @@ def predict(strategy: str, size: int, nbytes: float, host_of: list[int], link: F
 
 
 def crossover(a: str, b: str, size: int, host_of: list[int], link: Fit, servers: int | None = None,
-              hi: float = float(1 << 40)) -> float | None:
+              levels: cost.Links | None = None, hi: float = float(1 << 40)) -> float | None:
     """The gradient size in bytes above which strategy b's step communicates faster than
     a's on this topology (bisection on a log scale): 0.0 when b is faster at every size,
-    None when it is faster at none up to `hi`."""
+    None when it is faster at none up to `hi`; `levels`: see `predict`."""
     def b_wins(m: float) -> bool:
-        return (predict(b, size, m, host_of, link, servers).total_s
-                < predict(a, size, m, host_of, link, servers).total_s)
+        return (predict(b, size, m, host_of, link, servers, levels).total_s
+                < predict(a, size, m, host_of, link, servers, levels).total_s)
     lo = 1.0
     if not b_wins(hi):
         return None

@@ -92,8 +92,9 @@ def annotate(rows: list[dict], link: dict, servers: int | None) -> None:
         row.update(link=link, alpha_s=link["alpha_s"], beta_s_per_byte=link["beta_s_per_byte"])
     fit = cost.Fit(link["alpha_s"], link["beta_s_per_byte"], 1.0)
     n, host_of = link["ranks"], link["host_of"]
+    both = levels(link)
     for row in rows:
-        p = traffic.predict(row["dp"], n, row["grad_bytes"], host_of, fit, servers)
+        p = traffic.predict(row["dp"], n, row["grad_bytes"], host_of, fit, servers, both)
         if p is None or not row.get("steps_run", row["steps"]):
             continue
         row.update(pred_comm_s=p.total_s, regime=p.regime,
@@ -101,7 +102,7 @@ def annotate(rows: list[dict], link: dict, servers: int | None) -> None:
     ps = next((r for r in rows if r["dp"] in PS_FAMILY), None)
     ring = next((r for r in rows if r["dp"] in RING_FAMILY), None)
     if ps and ring:
-        ring["crossover_bytes"] = traffic.crossover(ps["dp"], ring["dp"], n, host_of, fit, servers)
+        ring["crossover_bytes"] = traffic.crossover(ps["dp"], ring["dp"], n, host_of, fit, servers, both)
         ring["crossover_vs"] = ps["dp"]
 
 
@@ -138,13 +139,21 @@ def describe(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def levels(link: dict) -> cost.Links | None:
+    """The placement's two levels as the ping-pongs measured them, for the two-level model;
+    None on one host, or where no two ranks of one host were measured."""
+    if not link.get("intra") or link["hosts"] < 2:
+        return None
+    inter = cost.Fit(link["alpha_s"], link["beta_s_per_byte"], 1.0)
+    crowd = link.get("crowd") or max(1.0, link["per_host"] / link["cores"])
+    return cost.Links(cost.Fit(*link["intra"], 1.0), inter, crowd)
+
+
 def two_level_line(link: dict, nbytes: float) -> str:
     """The two-level model's all-reduce time of this run's gradients on its placement, for
     each algorithm it covers (psrt.collectives.cost.predict_two_level), fastest first."""
-    intra = cost.Fit(*link["intra"], 1.0)
-    inter = cost.Fit(link["alpha_s"], link["beta_s_per_byte"], 1.0)
-    crowd = link.get("crowd") or max(1.0, link["per_host"] / link["cores"])
-    links = cost.Links(intra, inter, crowd)
+    links = levels(link)
+    intra, crowd = links.intra, links.crowd
     times = sorted((cost.predict_two_level(a, link["placement"], nbytes, links), a) for a in cost.TWO_LEVEL)
     listing = ", ".join(f"{a} {duration(t)}" for t, a in times)
     return (f"two-level model (inside a host: alpha {intra.alpha_s * 1e6:.1f} us, "

@@ -98,6 +98,29 @@ def test_prediction_text_under_the_summary():
     assert f"step: ring 4.00x ps's speed, the model {predicted:.2f}x ({4.0 / predicted - 1:+.0%})" in text
 
 
+def test_the_librarys_allreduce_is_priced_as_what_it_runs_where_both_levels_were_measured():
+    """psrt.train's table charges `native` Rabenseifner's algorithm (what Open MPI 4.1's rules
+    run on a power of two of ranks), the step model's price, where the ping-pongs measured
+    both levels of a placement of several hosts; the ring elsewhere."""
+    from psrt.bench import step_model
+    from psrt.collectives import cost
+    two_by_four = dict(link(hosts=2, per_host=4, cores=8), intra=(2e-6, 1 / 4e9), crowd=1.0)
+    table = [dict(steps=10, compute_s=0.1, grad_bytes=M, dp=dp, comm_s=1.0, wall_s=1.1) for dp in ("native", "ring")]
+    prediction.annotate(table, two_by_four, servers=None)
+    native, ring = table
+    levels = cost.Links(cost.Fit(2e-6, 1 / 4e9, 1.0), LINK, 1.0)
+    assert native["pred_comm_s"] == pytest.approx(step_model.comm_time("native", two_by_four["host_of"], M, levels))
+    # only the two middle exchanges cross the hosts, M/2 each way in each: M in all on a
+    # host's link against the ring's 1.75 M
+    assert native["pred_comm_s"] == pytest.approx(M * LINK.beta_s_per_byte, rel=0.06)
+    assert ring["pred_comm_s"] == pytest.approx(1.75 * M * LINK.beta_s_per_byte, rel=0.01)
+    # without the measurement inside a host, or on one host, the ring's price
+    for where in (link(hosts=2, per_host=4, cores=8), dict(two_by_four, hosts=1, host_of=list(range(8)))):
+        table = [dict(steps=10, compute_s=0.1, grad_bytes=M, dp=dp, comm_s=1.0, wall_s=1.1) for dp in ("native", "ring")]
+        prediction.annotate(table, where, servers=None)
+        assert table[0]["pred_comm_s"] == pytest.approx(table[1]["pred_comm_s"])
+
+
 def test_prediction_says_why_when_far_from_the_measurement():
     table = rows(comm_ring_s=20.0)               # 10x the model
     prediction.annotate(table, link(hosts=2, per_host=4, cores=2), servers=None)

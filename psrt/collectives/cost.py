@@ -206,16 +206,16 @@ RABENSEIFNER_FROM = ((3, 256 << 10), (15, 8 << 10), (31, 4 << 10))
 # run at once when the two ranks come to the exchange together, one after the other when
 # one comes late (psrt.collectives.schedule.post: the library posts its receive first).
 # Where ranks share cores one of the two often comes late, by a wait for a core, and the
-# cells came out between the two: the model charges the mean, TWO_WAY = 1.5 x one
-# direction, for each exchange between hosts.  Where each rank has a core of its own they
+# cells came out between the two ways, nearer in turn: the model charges TWO_WAY x one
+# direction for each exchange between hosts.  Where each rank has a core of its own they
 # mostly come together, and the model charges one direction (`two_way`).  Chosen against the
-# `native` cells of published runs of `psrt.bench scaling` (2x1 to 4x4, ResNet-50 and
-# VGG-16, 250 Mbit/s links), recomputed: charged one direction, the crowded cells on 4 hosts
-# of six runs were 20-51% over the model, charged 1.5 -1% to +21% (2.0 put them 4-22%
-# under); the 2x1 cells of seven runs, a rank per core, were within 15% of one direction in
-# ten of fourteen and 31-68% over it in the other four, while 1.5 put them from 27% under
-# to 22% over.
-TWO_WAY = 1.5
+# `native` cells of eight published runs of `psrt.bench scaling` (2x1 to 4x4, ResNet-50 and
+# VGG-16, 250 Mbit/s links), recomputed.  The crowded cells' link-bound ones (61): charged
+# one direction, 16-74% over the model; 1.5 left 10 of them beyond 15% (-13% to +27%), 1.6
+# two (-17% to +21%, mean +2%), 1.75 five (-22% to +12%).  The 2x1 cells, a rank per core:
+# within 15% of one direction in twelve of sixteen and 31-68% over it in the other four,
+# while 1.5 put them from 27% under to 22% over.
+TWO_WAY = 1.6
 
 
 def two_way(links: "Links") -> float:

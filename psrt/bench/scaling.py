@@ -256,7 +256,10 @@ COLUMNS = [("profile", "profile", ""), ("layout", "hosts x ranks", ""), ("worker
 
 def plot(payload: dict, path) -> bool:
     """Speed-up against workers: the ideal line, measured points (hollow where CPU-bound),
-    predicted lines, one colour per strategy, one panel per profile."""
+    predicted lines, one colour per strategy, one panel per profile.  Workers on a log
+    scale, speed-up up to a little over the highest point, so that the strategies, not the
+    ideal line, fill the panel; a dotted line at 1, below which a strategy is slower than
+    one worker."""
     from psrt.bench.report import label, panels, save
     profiles = list(dict.fromkeys(r["profile"] for r in payload["rows"]))
     made = panels(len(profiles), 6.0, 4.5)
@@ -265,20 +268,26 @@ def plot(payload: dict, path) -> bool:
     plt, fig, axes = made
     for ax, profile in zip(axes, profiles):
         rows = [r for r in payload["rows"] if r["profile"] == profile and r["speedup"]]
-        top = max(r["workers"] for r in rows)
-        ax.plot([1, top], [1, top], "k--", alpha=0.4, label="ideal")
+        workers = sorted({r["workers"] for r in rows})
+        top = max(max(r["speedup"], r["predicted_speedup"] or 0) for r in rows)
+        ax.plot(workers, workers, "k--", alpha=0.4, label="ideal")
+        ax.axhline(1.0, color="k", linestyle=":", alpha=0.5)
         for k, s in enumerate(dict.fromkeys(r["strategy"] for r in rows)):
             colour = f"C{k}"
             pts = sorted((r["workers"], r["speedup"], r["predicted_speedup"], r["cpu_bound"])
                          for r in rows if r["strategy"] == s)
             for j, (w, up, _, cpu) in enumerate(pts):     # hollow: CPU-bound, not a network result
                 ax.plot([w], [up], "o", color=colour, markerfacecolor="none" if cpu else colour,
+                        markersize=9 if cpu else 6, zorder=3 if cpu else 2,
                         label=f"{s} measured" if j == 0 else None)
             pred = [(p[0], p[2]) for p in pts if p[2]]
             if pred:
                 ax.plot([p[0] for p in pred], [p[1] for p in pred], "-", color=colour, alpha=0.6)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(workers, [str(w) for w in workers])
         label(ax, f"{profile}: speed-up (lines: model; hollow: CPU-bound)", "workers", "speed-up")
-        ax.legend(fontsize=7)
+        ax.set_ylim(0, 1.2 * top)
+        ax.legend(fontsize=7, loc="upper left")
     return save(plt, fig, path)
 
 

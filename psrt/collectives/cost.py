@@ -203,22 +203,22 @@ LEADER_BYTES = 1 << 20
 # at most these ranks; the model charges the ring elsewhere.
 RABENSEIFNER_FROM = ((3, 256 << 10), (15, 8 << 10), (31, 4 << 10))
 # Rabenseifner's steps are two-way exchanges, each over one TCP connection.  Both directions
-# run at once when the two ranks come to the exchange together, one after the other when
-# one comes late (psrt.collectives.schedule.post: the library posts its receive first).
-# Where ranks share cores one of the two often comes late, by a wait for a core, and the
-# cells came out between the two ways, nearer in turn: the model charges TWO_WAY x one
-# direction for each exchange between hosts.  Where each rank has a core of its own they
-# mostly come together, and the model charges one direction (`two_way`).  Chosen against the
+# run at once when the two ranks come to the exchange together, one after the other when one
+# comes late (psrt.collectives.schedule.post: the library posts its receive first). Where
+# ranks share cores one of the two often comes late, by a wait for a core, and the cells came
+# out between the two ways, nearer in turn: the model charges TWO_WAY x one direction for
+# each exchange between hosts.  Where each rank has a core of its own they mostly come
+# together, and the model charges one direction (`exchange_charge`).  Chosen against the
 # `native` cells of eight published runs of `psrt.bench scaling` (2x1 to 4x4, ResNet-50 and
-# VGG-16, 250 Mbit/s links), recomputed.  The crowded cells' link-bound ones (61): charged
-# one direction, 16-74% over the model; 1.5 left 10 of them beyond 15% (-13% to +27%), 1.6
-# two (-17% to +21%, mean +2%), 1.75 five (-22% to +12%).  The 2x1 cells, a rank per core:
-# within 15% of one direction in twelve of sixteen and 31-68% over it in the other four,
-# while 1.5 put them from 27% under to 22% over.
+# VGG-16, 250 Mbit/s links), recomputed.  The crowded cells' link-bound ones (61): charged one
+# direction, 16-74% over the model; 1.5 left 10 of them beyond 15% (-13% to +27%), 1.6 two
+# (-17% to +21%, mean +2%), 1.75 five (-22% to +12%).  The 2x1 cells, a rank per core: within
+# 15% of one direction in twelve of sixteen and 31-68% over it in the other four, while 1.5
+# put them from 27% under to 22% over.
 TWO_WAY = 1.6
 
 
-def two_way(links: "Links") -> float:
+def exchange_charge(links: "Links") -> float:
     """What an exchange between hosts is charged, in one direction's bytes (see TWO_WAY)."""
     return TWO_WAY if links.crowd > 1.0 else 1.0
 
@@ -298,7 +298,7 @@ def rounds(algorithm: str, host_of: list[int], nbytes: float, pipelined: bool = 
     same between one rank per host after a reduction inside each host, psrt.dp.ps's
     --local-aggregation), tree (binomial reduce then broadcast) and rabenseifner (the MPI
     library's, `native_allreduce`; `two_way`: what each of its exchanges between hosts is
-    charged, `two_way(links)`).  `pipelined` False: the
+    charged, `exchange_charge(links)`).  `pipelined` False: the
     ps family's push and pull one after the other, as psrt.dp.ps trains (its server updates
     between them)."""
     n = len(host_of)
@@ -355,7 +355,7 @@ def predict_two_level(algorithm: str, host_of: list[int], nbytes: float, links: 
     torus networks", TOPC 2015, sec. 2) plus the crowding wait per round.  The ps family
     adds the return of its last pipeline segment, as `predict` does (`pipelined`: see rounds)."""
     total = sum(_round_time(moves, host_of, links) * times
-                for moves, times in rounds(algorithm, host_of, nbytes, pipelined, two_way(links)))
+                for moves, times in rounds(algorithm, host_of, nbytes, pipelined, exchange_charge(links)))
     if algorithm in ("ps", "ps-local") and pipelined and len(set(host_of)) > 1:
         from psrt.collectives.ps import PIPELINE_BYTES
         lead = [h[0] for h in _by_host(host_of)] if algorithm == "ps-local" else range(len(host_of))

@@ -38,7 +38,10 @@ def test_a_small_scaling_run_fills_every_cell(tmp_path):
         assert r["bound"] in ("cpu", "link", "compute")
     auto = next(r for r in rows if r["strategy"] == "ring-auto")
     assert auto["auto_vs_fastest"] is not None
-    assert "stands for the same accelerators on links of" in proc.stdout
+    # one stands-for line per profile, with the divisor the command line forced
+    assert "# resnet50: emulated links of 250mbit; gradients /64 and compute x1.5625: its rows stand for the same " \
+           "accelerators on links of 25 Gbit/s" in proc.stdout
+    assert json.loads(out.read_text())["scales"] == {"resnet50": {"byte_divisor": 64.0, "dilation": 1.5625}}
     # stdout is the bench's table and goals; each launch's own summary went to stderr
     assert "memory per rank" not in proc.stdout and "memory per rank" in proc.stderr
     assert re.search(r"^goal (met|MISSED|n/a): resnet50, the servers: ", proc.stdout, re.M), proc.stdout[-2000:]

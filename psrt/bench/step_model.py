@@ -83,8 +83,9 @@ def comm_time(strategy: str, host_of: list[int], grad_bytes: float, links: cost.
         return cost.predict_two_level("hierarchical", host_of, grad_bytes, links)
     if strategy == "ps-local":            # the server updates between the push and the pull
         return cost.predict_two_level("ps-local", host_of, grad_bytes, links, pipelined=False)
-    if strategy == "native" and cost.native_allreduce(n, grad_bytes) == "rabenseifner" and len(set(host_of)) > 1:
-        return cost.predict_two_level("rabenseifner", host_of, grad_bytes, links)
+    library = cost.native_two_level(host_of, grad_bytes, links) if strategy == "native" else None
+    if library is not None:
+        return library
     one_node = len(set(host_of)) == 1
     # one node: every rank's bytes cross its own link inside the node (NVLink, PCIe, shared
     # memory), which the flat models would not charge (they count only links between hosts)

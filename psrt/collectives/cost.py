@@ -235,6 +235,15 @@ def native_allreduce(n: int, nbytes: float) -> str:
     return "ring"
 
 
+def native_two_level(host_of: list[int], nbytes: float, links: Links) -> float | None:
+    """The two-level model's price of the MPI library's all-reduce where the library runs
+    Rabenseifner's algorithm (`native_allreduce`) on a placement of several hosts; None
+    elsewhere, where the flat models charge it the ring."""
+    if len(set(host_of)) < 2 or native_allreduce(len(host_of), nbytes) != "rabenseifner":
+        return None
+    return predict_two_level("rabenseifner", host_of, nbytes, links)
+
+
 def _rabenseifner_rounds(host_of: list[int], nbytes: float, two_way: float) -> list[tuple[list, int]]:
     """Reduce-scatter by recursive halving (rank r exchanges half of what it holds with r ^ 1,
     then a quarter with r ^ 2, ...), then all-gather by recursive doubling, the same

@@ -82,11 +82,10 @@ def predict(strategy: str, size: int, nbytes: float, host_of: list[int], link: F
     """Predicted communication of one step; None where the model has no phases for it.
     `levels`: both levels of a placement of several hosts (inside a host and `link` between
     them), with which `native` is priced as the algorithm the library runs."""
-    if (strategy == "native" and levels is not None and len(set(host_of)) > 1
-            and cost.native_allreduce(size, nbytes) == "rabenseifner"):
+    library = cost.native_two_level(host_of, nbytes, levels) if strategy == "native" and levels else None
+    if library is not None:
         exchanges = 2 * (size.bit_length() - 1)
-        total = cost.predict_two_level("rabenseifner", host_of, nbytes, levels)
-        return Prediction(exchanges * link.alpha_s, max(0.0, total - exchanges * link.alpha_s), exchanges)
+        return Prediction(exchanges * link.alpha_s, max(0.0, library - exchanges * link.alpha_s), exchanges)
     steps = phases(strategy, size, nbytes, servers)
     if steps is None:
         return None

@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -163,6 +164,50 @@ def test_three_hosts_on_a_bridge_with_mpi_launch_flags(names):
     recs = rank_records(out.stdout)
     assert [(r["hostname"], r["node_rank"], r["num_nodes"]) for r in recs] == \
         [(h, i, 3) for i, h in enumerate(hosts)]
+
+
+# Two ranks exchange 6 MiB both ways at once, back to back (MPI_Sendrecv, as each step of
+# the MPI library's Rabenseifner all-reduce); rank 0 prints each exchange's seconds.
+_EXCHANGE = """
+import json, time
+import numpy as np
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+other = 1 - comm.rank
+send, recv = np.ones(3 << 19, np.float32), np.empty(3 << 19, np.float32)
+times = []
+for i in range(10):
+    t = time.perf_counter()
+    comm.Sendrecv(send, other, 0, recv, other, 0)
+    times.append(time.perf_counter() - t)
+if comm.rank == 0:
+    print("EXCHANGES", json.dumps(times[2:]))
+"""
+
+
+@netns
+@pytest.mark.mpi
+@needs_openmpi
+def test_a_two_way_exchange_runs_both_ways_at_once(names):
+    """The links are full duplex: a two-way exchange of M bytes takes M / rate, not up to
+    twice it.  With the TCP BTL's put protocol (Open MPI's default), the go-ahead for one
+    direction's data waited behind the other's whole message, and most of these exchanges
+    took 1.3-1.5x it (psrt/launch/emulated_mpi.py, btl_tcp_flags)."""
+    hosts, subnet = names(2)
+    cluster = C.Cluster(hosts, subnet, "250mbit")
+    req = Request(command=(sys.executable, "-c", _EXCHANGE), hosts=parse_hosts(",".join(f"{h}:1" for h in hosts)),
+                  emulated=True)
+    plan = plan_mpirun(req, "openmpi4", "mpirun", {}, os.cpu_count() or 1,
+                       emulation=C.mpi_flags(cluster, "openmpi4"))
+    with C.running(cluster):
+        out = subprocess.run(C.exec_argv(hosts[0], plan.argv), env={**os.environ, **plan.env},
+                             capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL)
+    assert_gone(cluster)
+    assert out.returncode == 0, out.stderr[-3000:]
+    times = json.loads(next(l for l in out.stdout.splitlines() if l.startswith("EXCHANGES ")).split(" ", 1)[1])
+    one_way = (6 << 20) / C.rate_bytes("250mbit")
+    # the median: a connection's first exchanges can still be growing its TCP window
+    assert statistics.median(times) < 1.15 * one_way, (one_way, times)
 
 
 def _mpich_venv() -> Path | None:

@@ -48,11 +48,12 @@ def test_mpi_settings_for_open_mpi_4_and_5():
         "--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_no_tree_spawn", "1",
         "--mca", "pml", "ob1", "--mca", "btl", "self,vader,tcp",
         "--mca", "btl_tcp_if_include", "198.18.3.0/24",
+        "--mca", "btl_tcp_flags", "send,inplace,need-ack,need-csum,hetero-rdma",
         "--mca", "oob_tcp_if_include", "198.18.3.0/24"]
     five = C.mpi_flags(c, "openmpi5")
     assert five[:6] == ["--prtemca", "plm_ssh_agent", agent,
                         "--prtemca", "plm_ssh_no_tree_spawn", "1"]
-    assert ["--prtemca", "oob_tcp_if_include", "198.18.3.0/24"] == five[15:18]
+    assert ["--prtemca", "oob_tcp_if_include", "198.18.3.0/24"] == five[18:21]
     env = C.mpi_env(c, "openmpi5")
     assert env["PRTE_MCA_plm_ssh_agent"] == agent and env["OMPI_MCA_btl"] == "self,sm,tcp"
     assert env["OMPI_MCA_pml"] == "ob1" and env["PRTE_MCA_oob_tcp_if_include"] == c.subnet

@@ -28,6 +28,7 @@ that is (N-1)(alpha + beta M/N) (Thakur, Rabenseifner & Gropp 2005, sec. 3.5).
 """
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -202,25 +203,24 @@ LEADER_BYTES = 1 << 20
 # v4.1.4): Rabenseifner's algorithm for a commutative all-reduce of at least these bytes on
 # at most these ranks; the model charges the ring elsewhere.
 RABENSEIFNER_FROM = ((3, 256 << 10), (15, 8 << 10), (31, 4 << 10))
-# Rabenseifner's steps are two-way exchanges, each over one TCP connection.  Both directions
-# run at once when the two ranks come to the exchange together, one after the other when one
-# comes late (psrt.collectives.schedule.post: the library posts its receive first). Where
-# ranks share cores one of the two often comes late, by a wait for a core, and the cells came
-# out between the two ways, nearer in turn: the model charges TWO_WAY x one direction for
-# each exchange between hosts.  Where each rank has a core of its own they mostly come
-# together, and the model charges one direction (`exchange_charge`).  Chosen against the
-# `native` cells of eight published runs of `psrt.bench scaling` (2x1 to 4x4, ResNet-50 and
-# VGG-16, 250 Mbit/s links), recomputed.  The crowded cells' link-bound ones (61): charged one
-# direction, 16-74% over the model; 1.5 left 10 of them beyond 15% (-13% to +27%), 1.6 two
-# (-17% to +21%, mean +2%), 1.75 five (-22% to +12%).  The 2x1 cells, a rank per core: within
-# 15% of one direction in twelve of sixteen and 31-68% over it in the other four, while 1.5
-# put them from 27% under to 22% over.
-TWO_WAY = 1.6
+# Rabenseifner's steps are two-way exchanges; the links are full duplex, so each is charged
+# one direction's bytes where every rank has a core of its own (2 hosts of one rank,
+# 250 Mbit/s: the library's all-reduce at the link's rate each way, as psrt's ring).  Where
+# ranks share cores, each exchange waits for the later of its two ranks, and a rank late to
+# one exchange between hosts comes late to the next: the drift grows with the levels of
+# hosts the algorithm crosses (log2 of the hosts: one exchange between hosts each way on 2
+# hosts, two on 4).  The model charges each exchange between hosts 1 + DRIFT x those levels
+# times its bytes on crowded hosts (`exchange_charge`).  Chosen on `psrt.bench scaling`'s
+# `native` cells (ResNet-50 and VGG-16, 2x2 to 4x4 at 250 Mbit/s, each layout's link backed
+# out of its ring cell): one direction left the 2-host cells 7-20% over and the 4-host ones
+# 34-51% over; 0.25 puts all eight within 10% (-9% to +10%), 0.3 within 12% (-12% to +4%),
+# and one charge of 1.4 on every layout left two of them beyond 15%.
+DRIFT = 0.25
 
 
-def exchange_charge(links: "Links") -> float:
-    """What an exchange between hosts is charged, in one direction's bytes (see TWO_WAY)."""
-    return TWO_WAY if links.crowd > 1.0 else 1.0
+def exchange_charge(links: "Links", hosts: int) -> float:
+    """What an exchange between hosts is charged, in one direction's bytes (see DRIFT)."""
+    return 1.0 + DRIFT * math.log2(hosts) if links.crowd > 1.0 and hosts > 1 else 1.0
 
 
 def native_allreduce(n: int, nbytes: float) -> str:
@@ -298,7 +298,7 @@ def _by_host(host_of: list[int]) -> list[list[int]]:
 
 
 def rounds(algorithm: str, host_of: list[int], nbytes: float, pipelined: bool = True,
-           two_way: float = TWO_WAY) -> list[tuple[list, int]]:
+           two_way: float = 1.0) -> list[tuple[list, int]]:
     """[(transfers of one round, times it repeats)] of one all-reduce of `nbytes` on the
     placement `host_of` (rank -> host): flat ring, hierarchical (psrt.collectives.
     hierarchical: inside each host, a ring per shard between hosts, inside again; below
@@ -307,7 +307,7 @@ def rounds(algorithm: str, host_of: list[int], nbytes: float, pipelined: bool = 
     same between one rank per host after a reduction inside each host, psrt.dp.ps's
     --local-aggregation), tree (binomial reduce then broadcast) and rabenseifner (the MPI
     library's, `native_allreduce`; `two_way`: what each of its exchanges between hosts is
-    charged, `exchange_charge(links)`).  `pipelined` False: the
+    charged, `exchange_charge`).  `pipelined` False: the
     ps family's push and pull one after the other, as psrt.dp.ps trains (its server updates
     between them)."""
     n = len(host_of)
@@ -364,7 +364,8 @@ def predict_two_level(algorithm: str, host_of: list[int], nbytes: float, links: 
     torus networks", TOPC 2015, sec. 2) plus the crowding wait per round.  The ps family
     adds the return of its last pipeline segment, as `predict` does (`pipelined`: see rounds)."""
     total = sum(_round_time(moves, host_of, links) * times
-                for moves, times in rounds(algorithm, host_of, nbytes, pipelined, exchange_charge(links)))
+                for moves, times in rounds(algorithm, host_of, nbytes, pipelined,
+                                                    exchange_charge(links, len(set(host_of)))))
     if algorithm in ("ps", "ps-local") and pipelined and len(set(host_of)) > 1:
         from psrt.collectives.ps import PIPELINE_BYTES
         lead = [h[0] for h in _by_host(host_of)] if algorithm == "ps-local" else range(len(host_of))

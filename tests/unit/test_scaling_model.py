@@ -244,25 +244,30 @@ def test_local_aggregation_pushes_then_pulls_as_the_server_trains():
     assert cost.predict_two_level("ps-local", two, 16 << 20, GBIT) < 0.6 * step_model.comm_time("ps-local", two, 16 << 20, GBIT)
 
 
-def test_native_is_priced_as_the_librarys_rabenseifner_with_its_two_way_exchanges():
+def test_native_is_priced_as_the_librarys_rabenseifner_with_its_drift_on_shared_cores():
     """Open MPI 4.1's fixed rules run Rabenseifner's algorithm for these cells: by level it
-    puts fewer bytes between hosts than the ring on 2x4 and the same on 2x1, and each of its
-    exchanges between hosts is charged TWO_WAY x its bytes where ranks share cores, one
-    direction's bytes where each rank has a core."""
+    puts fewer bytes between hosts than the ring on 2x4 and the same on 2x1.  Each of its
+    exchanges between hosts is charged one direction's bytes where each rank has a core, and
+    1 + DRIFT x log2(hosts) times them where ranks share cores."""
     links = cost.Links(cost.Fit(0.0, 0.0, 1.0), cost.Fit(0.0, 1 / 125e6, 1.0))
     crowded = cost.Links(links.intra, links.inter, crowd=4.0, wait_s=0.0)
     m = 16 << 20
-    two_by_one, two_by_four = step_model.placement(2, 1), step_model.placement(2, 4)
+    two_by_one, two_by_four, four_by_two = (step_model.placement(2, 1), step_model.placement(2, 4),
+                                            step_model.placement(4, 2))
     assert cost.native_allreduce(8, m) == "rabenseifner"
     assert cost.native_allreduce(2, 128 << 10) == cost.native_allreduce(6, m) == cost.native_allreduce(64, m) == "ring"
     ring = step_model.comm_time("ring", two_by_one, m, links)
     assert step_model.comm_time("native", two_by_one, m, links) == pytest.approx(ring)
-    assert step_model.comm_time("native", two_by_one, m, crowded) == pytest.approx(cost.TWO_WAY * ring)
+    assert step_model.comm_time("native", two_by_one, m, crowded) == pytest.approx((1 + cost.DRIFT) * ring)
     # 2x4: only the last halving step (and the first doubling step) crosses the hosts,
     # n/8 from each of 4 ranks: M/2 each way, against the flat ring's 2(N-1)/N = 1.75 M
-    assert step_model.comm_time("native", two_by_four, m, crowded) == pytest.approx(cost.TWO_WAY * m / 125e6)
+    assert step_model.comm_time("native", two_by_four, m, crowded) == pytest.approx((1 + cost.DRIFT) * m / 125e6)
     assert step_model.comm_time("native", two_by_four, m, links) == pytest.approx(m / 125e6)
     assert step_model.comm_time("ring", two_by_four, m, links) == pytest.approx(1.75 * m / 125e6)
+    # 4x2: two levels of hosts, n/4 then n/8 from each of 2 ranks, each way: 3M/4 per half
+    assert step_model.comm_time("native", four_by_two, m, links) == pytest.approx(1.5 * m / 125e6)
+    assert step_model.comm_time("native", four_by_two, m, crowded) == pytest.approx(
+        (1 + 2 * cost.DRIFT) * 1.5 * m / 125e6)
     # below the library's threshold, and on ranks not a power of two, the ring as before
     assert step_model.comm_time("native", two_by_one, 64 << 10, links) == step_model.comm_time("ring", two_by_one, 64 << 10, links)
     with pytest.raises(ValueError, match="power of two"):

@@ -244,16 +244,16 @@ def native_two_level(host_of: list[int], nbytes: float, links: Links) -> float |
     return predict_two_level("rabenseifner", host_of, nbytes, links)
 
 
-def _rabenseifner_rounds(host_of: list[int], nbytes: float, two_way: float) -> list[tuple[list, int]]:
+def _rabenseifner_rounds(host_of: list[int], nbytes: float, charge: float) -> list[tuple[list, int]]:
     """Reduce-scatter by recursive halving (rank r exchanges half of what it holds with r ^ 1,
     then a quarter with r ^ 2, ...), then all-gather by recursive doubling, the same
     exchanges in reverse (Thakur, Rabenseifner & Gropp 2005, sec. 4.4; Open MPI's
     allreduce_intra_redscat_allgather).  A power of two of ranks; the exchanges between
-    hosts carry `two_way` x their bytes."""
+    hosts carry `charge` x their bytes."""
     n = len(host_of)
     out, m, mask = [], nbytes / 2, 1
     while mask < n:
-        out.append(([(r, r ^ mask, m * (two_way if host_of[r] != host_of[r ^ mask] else 1.0))
+        out.append(([(r, r ^ mask, m * (charge if host_of[r] != host_of[r ^ mask] else 1.0))
                      for r in range(n)], 1))
         m, mask = m / 2, mask << 1
     return out + out[::-1]
@@ -298,7 +298,7 @@ def _by_host(host_of: list[int]) -> list[list[int]]:
 
 
 def rounds(algorithm: str, host_of: list[int], nbytes: float, pipelined: bool = True,
-           two_way: float = 1.0) -> list[tuple[list, int]]:
+           charge: float = 1.0) -> list[tuple[list, int]]:
     """[(transfers of one round, times it repeats)] of one all-reduce of `nbytes` on the
     placement `host_of` (rank -> host): flat ring, hierarchical (psrt.collectives.
     hierarchical: inside each host, a ring per shard between hosts, inside again; below
@@ -306,7 +306,7 @@ def rounds(algorithm: str, host_of: list[int], nbytes: float, pipelined: bool = 
     (everything through rank 0, pipelined so both directions run at once), ps-local (the
     same between one rank per host after a reduction inside each host, psrt.dp.ps's
     --local-aggregation), tree (binomial reduce then broadcast) and rabenseifner (the MPI
-    library's, `native_allreduce`; `two_way`: what each of its exchanges between hosts is
+    library's, `native_allreduce`; `charge`: what each of its exchanges between hosts is
     charged, `exchange_charge`).  `pipelined` False: the
     ps family's push and pull one after the other, as psrt.dp.ps trains (its server updates
     between them)."""
@@ -343,7 +343,7 @@ def rounds(algorithm: str, host_of: list[int], nbytes: float, pipelined: bool = 
     if algorithm == "rabenseifner":
         if n & (n - 1):
             raise ValueError(f"rabenseifner: {n} ranks, not a power of two")
-        return _rabenseifner_rounds(host_of, nbytes, two_way)
+        return _rabenseifner_rounds(host_of, nbytes, charge)
     if algorithm == "tree":
         out, mask = [], 1
         while mask < n:

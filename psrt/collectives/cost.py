@@ -363,9 +363,9 @@ def predict_two_level(algorithm: str, host_of: list[int], nbytes: float, links: 
     host boundary of Sack & Gropp's two-level model, "Collective algorithms for multiported
     torus networks", TOPC 2015, sec. 2) plus the crowding wait per round.  The ps family
     adds the return of its last pipeline segment, as `predict` does (`pipelined`: see rounds)."""
+    charge = exchange_charge(links, len(set(host_of)))
     total = sum(_round_time(moves, host_of, links) * times
-                for moves, times in rounds(algorithm, host_of, nbytes, pipelined,
-                                                    exchange_charge(links, len(set(host_of)))))
+                for moves, times in rounds(algorithm, host_of, nbytes, pipelined, charge))
     if algorithm in ("ps", "ps-local") and pipelined and len(set(host_of)) > 1:
         from psrt.collectives.ps import PIPELINE_BYTES
         lead = [h[0] for h in _by_host(host_of)] if algorithm == "ps-local" else range(len(host_of))

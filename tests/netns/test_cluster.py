@@ -192,7 +192,7 @@ def test_a_two_way_exchange_runs_both_ways_at_once(names):
     """The links are full duplex: a two-way exchange of M bytes takes M / rate, not up to
     twice it.  With the TCP BTL's put protocol (Open MPI's default), the go-ahead for one
     direction's data waited behind the other's whole message, and most of these exchanges
-    took 1.3-1.5x it (psrt/launch/emulated_mpi.py, btl_tcp_flags)."""
+    took 1.6-2.5x it (psrt/launch/emulated_mpi.py, btl_tcp_flags)."""
     hosts, subnet = names(2)
     cluster = C.Cluster(hosts, subnet, "250mbit")
     req = Request(command=(sys.executable, "-c", _EXCHANGE), hosts=parse_hosts(",".join(f"{h}:1" for h in hosts)),

@@ -220,7 +220,7 @@ DRIFT = 0.25
 
 def exchange_charge(links: "Links", hosts: int) -> float:
     """What an exchange between hosts is charged, in one direction's bytes (see DRIFT)."""
-    return 1.0 + DRIFT * math.log2(hosts) if links.crowd > 1.0 and hosts > 1 else 1.0
+    return 1.0 + DRIFT * math.log2(hosts) if links.crowd > 1.0 else 1.0
 
 
 def native_allreduce(n: int, nbytes: float) -> str:

@@ -41,9 +41,6 @@ def _name(key: str) -> str:
     return key.split(":", 1)[-1]
 
 
-TCP_FLAGS = "send,inplace,need-ack,need-csum,hetero-rdma"
-
-
 def _openmpi_params(cluster, flavour: str) -> list[tuple[str, str]]:
     if not flavour.startswith("openmpi"):
         raise PsrtError(f"the emulated cluster drives Open MPI and MPICH, not {flavour}")
@@ -73,7 +70,7 @@ def _openmpi_params(cluster, flavour: str) -> list[tuple[str, str]]:
         # 0.64 s with put, every one 0.43 s without, the link's rate both ways at once, as
         # an accelerator fabric runs it.  Without put, ob1 sends the message as fragments
         # of btl_tcp_max_send_size (128 KiB) between which the go-ahead passes.
-        ("btl_tcp_flags", TCP_FLAGS),
+        ("btl_tcp_flags", "send,inplace,need-ack,need-csum,hetero-rdma"),
         (oob, cluster.subnet),
     ]
 

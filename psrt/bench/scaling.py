@@ -91,6 +91,11 @@ class Cell:
         return f"{self.hosts}x{self.per_host}"
 
 
+def delay_ns(delay: str) -> int:
+    from psrt.launch.delay_line import delay_ns
+    return delay_ns(delay)
+
+
 def rate_bits(rate: str) -> float:
     from psrt.launch.cluster import rate_bytes
     return 8 * rate_bytes(rate)
@@ -147,7 +152,7 @@ def measure_layout(profile: str, hosts: int, per_host: int, args, scale: Scale, 
             got = read_metrics(lambda dp: os.path.join(tmp, "one.jsonl"), ["ring"])["ring"]
             return {s: got for s in strategies}
         names = tuple(f"{args.prefix}{i}" for i in range(hosts))
-        with C.running(C.Cluster(names, args.subnet, args.rate)) as cluster:
+        with C.running(C.Cluster(names, args.subnet, args.rate, args.delay)) as cluster:
             for k, cells in enumerate(launches(strategies)):
                 dps = [VARIANTS[c][0] if c in VARIANTS else c for c in cells]
                 extra = [f for c in cells if c in VARIANTS for f in VARIANTS[c][1]]
@@ -235,16 +240,21 @@ def assemble(rows: list[dict], args) -> dict:
             rings = [o["step_s"] for o in out if (o["profile"], o["layout"]) == (r["profile"], r["layout"])
                      and o["strategy"] in ("ring", "ring-hier")]
             r["auto_vs_fastest"] = r["step_s"] / min(rings) - 1 if rings else None
-    return {"rows": out, "stands_for": {p: stands_for(args.rate, p, s) for p, s in scales.items()},
+    return {"rows": out, "stands_for": {p: stands_for(args.rate, p, s, args.delay) for p, s in scales.items()},
             "scales": {p: {"byte_divisor": s.divisor, "dilation": s.dilation} for p, s in scales.items()},
             "rate": args.rate, "bucket_mb": args.bucket_mb, "cores": os.cpu_count()}
 
 
-def stands_for(rate: str, profile: str, scale: Scale) -> str:
+def stands_for(rate: str, profile: str, scale: Scale, delay: str | None = None) -> str:
     real = scale.dilation * scale.divisor * rate_bits(rate)
+    if delay:      # a delay the user set is dilated with the rest: it stands for delay / D
+        latency = (f"links' one-way delay {delay}, which stands for "
+                   f"{delay_ns(delay) / 1e3 / scale.dilation:.3g} us there")
+    else:
+        latency = "latency not dilated"
     return (f"{profile}: emulated links of {rate}; gradients /{scale.divisor:g} and compute x{scale.dilation:g}: "
             f"its rows stand for the same accelerators on links of {real / 1e9:g} Gbit/s with the profile's real "
-            f"gradient sizes, step times {scale.dilation:g}x shorter than shown (latency not dilated)")
+            f"gradient sizes, step times {scale.dilation:g}x shorter than shown ({latency})")
 
 
 COLUMNS = [("profile", "profile", ""), ("layout", "hosts x ranks", ""), ("workers", "workers", "d"),
@@ -300,6 +310,8 @@ def add_arguments(p) -> None:
     # step times: every byte a rank copies, reduces or pushes through the TCP stack costs this
     # machine's shared cores, the link's time does not (docs/explanation/scaling.md).
     p.add_argument("--rate", default="250mbit", help="emulated link rate (tc syntax)")
+    p.add_argument("--delay", help="one-way delay of every host's link (tc syntax: 500us, 2ms; netem, or "
+                   "psrt's delay line where the kernel has none): makes small messages latency-bound")
     p.add_argument("--byte-divisor", type=float, help="gradient tensors divided by K (default: per profile, "
                    f"the power of two that brings its gradients nearest {GRADIENT_TARGET >> 20} MiB)")
     p.add_argument("--stands-for", default="25gbit", help="the real cluster's link rate: sets the time "
@@ -349,6 +361,11 @@ def check(args) -> None:
     args.profiles = [p.strip() for p in args.profiles.split(",") if p.strip()]
     for p in args.profiles:
         load(p)
+    if args.delay is not None:
+        try:
+            delay_ns(args.delay)
+        except ValueError as err:
+            need(False, str(err))
     need(args.steps >= 2, f"--steps {args.steps}: at least 2 (the first is set-up)")
     need(args.byte_divisor is None or args.byte_divisor >= 1, f"--byte-divisor {args.byte_divisor}: at least 1")
     need(args.bucket_mb is None or args.bucket_mb > 0, f"--bucket-mb {args.bucket_mb}: more than 0")

@@ -6,8 +6,9 @@
 Each host is a network namespace named after its hostfile entry, with a host name of its own
 (a UTS namespace, set by the launch agent) and an address in 198.18.0.0/15, the range set
 aside for network benchmarks (RFC 2544), so nothing here can reach a real network.  Two
-hosts share one veth link; more hosts hang off a bridge in a switch namespace.  Hosts find
-each other by name through /etc/netns/HOST/hosts, which `ip netns exec` mounts over
+hosts share one veth link; more hosts, or hosts whose links have a delay, hang off a switch
+namespace: a bridge there, or, for a delay on a kernel without netem, psrt's delay line
+(psrt/launch/delay_line.py).  Hosts find each other by name through /etc/netns/HOST/hosts, which `ip netns exec` mounts over
 /etc/hosts.  The root namespace gets no interface, address or route.
 
 MPI (Open MPI 4 and 5, MPICH's Hydra) starts its daemons through scripts/netns_agent
@@ -25,8 +26,10 @@ import os
 import re
 import shlex
 import shutil
+import select
 import signal
 import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -95,8 +98,9 @@ class Cluster:
 
     @property
     def switch(self) -> str | None:
-        """Namespace that holds the bridge (only for more than two hosts)."""
-        return f"{self.hosts[0]}-sw" if len(self.hosts) > 2 else None
+        """Namespace that holds the switch (for more than two hosts, or a delay: the delay
+        line, where it is used, sits between the hosts)."""
+        return f"{self.hosts[0]}-sw" if len(self.hosts) > 2 or self.delay else None
 
     @property
     def namespaces(self) -> tuple:
@@ -107,9 +111,10 @@ class Cluster:
         return str(net.network_address + 1 + self.hosts.index(host))
 
     def describe(self) -> list[str]:
-        link = "one veth link" if len(self.hosts) == 2 else f"a bridge in namespace {self.switch}"
+        link = "one veth link" if self.switch is None else f"a switch in namespace {self.switch}"
         shape = ", ".join(x for x in (self.rate and f"rate {self.rate}",
-                                      self.delay and f"delay {self.delay}") if x)
+                                      self.delay and f"delay {self.delay} (netem, or the switch's "
+                                                     "delay line where the kernel has no netem)") if x)
         hosts = ", ".join(f"{h} ({self.address(h)})" for h in self.hosts)
         return [f"emulated cluster: {hosts} on {self.subnet}, {link}"
                 + (f", each host's {IFACE} shaped to {shape}" if shape else "")
@@ -183,11 +188,7 @@ def _shape(cluster: Cluster, host: str, iface: str = IFACE, delay: bool = True) 
     dev = ["tc", "-n", host, "qdisc", "replace", "dev", iface, "root"]
     if cluster.delay and delay:
         extra = ["rate", cluster.rate] if cluster.rate else []
-        out = _run(dev + ["netem", "delay", cluster.delay, "limit", "100000"] + extra,
-                   f"shaping {host}", check=False)
-        if out.returncode != 0:
-            raise PsrtError(f"--delay needs the kernel's netem qdisc (sch_netem), and tc said: "
-                            f"{' '.join(out.stderr.split())}")
+        _run(dev + ["netem", "delay", cluster.delay, "limit", "100000"] + extra, f"shaping {host}")
     elif cluster.rate:
         _shape_rate(host, iface, cluster.rate)
 
@@ -266,20 +267,22 @@ def _create(cluster: Cluster) -> None:
     for ns in cluster.namespaces:
         _run(ip + ["netns", "add", ns], f"creating namespace {ns}")
     # Devices are created straight inside their namespaces: none appears in the root one.
+    line = bool(cluster.delay) and not _has_netem(cluster.switch)
     if cluster.switch is None:
         a, b = cluster.hosts
         _run(ip + ["link", "add", IFACE, "netns", a, "type", "veth", "peer", "name", IFACE,
                    "netns", b], "linking the hosts")
     else:
         sw = cluster.switch
-        _run(ip + ["-n", sw, "link", "add", "br0", "type", "bridge"], "creating the bridge")
-        _run(ip + ["-n", sw, "link", "set", "br0", "up"], "starting the bridge")
+        if not line:
+            _run(ip + ["-n", sw, "link", "add", "br0", "type", "bridge"], "creating the bridge")
+            _run(ip + ["-n", sw, "link", "set", "br0", "up"], "starting the bridge")
         for i, h in enumerate(cluster.hosts):
             port = f"p{i}"
             _run(ip + ["link", "add", IFACE, "netns", h, "type", "veth", "peer", "name", port,
-                       "netns", sw], f"linking {h} to the bridge")
-            _run(ip + ["-n", sw, "link", "set", port, "master", "br0", "up"],
-                 f"plugging {h} into the bridge")
+                       "netns", sw], f"linking {h} to the switch")
+            _run(ip + ["-n", sw, "link", "set", port] + ([] if line else ["master", "br0"]) + ["up"],
+                 f"plugging {h} into the switch")
             # The switch port limits what the host receives, as the host's own eth0 limits
             # what it sends: each host has a full-duplex link of the given rate, and N
             # senders cannot push N x rate into one host (a server's link is its limit).
@@ -298,7 +301,44 @@ def _create(cluster: Cluster) -> None:
         _write_hosts(NETNS_ETC / h, _hosts_file(cluster))
         _tcp(h)
         if cluster.rate or cluster.delay:
-            _shape(cluster, h)
+            _shape(cluster, h, delay=not line)
+    if line:
+        _start_delay_line(cluster)
+
+
+def _has_netem(namespace: str) -> bool:
+    """Whether the kernel has netem, asked on a veth pair of `namespace`'s own (gone after;
+    veth, which the cluster needs anyway: a kernel may lack the dummy device)."""
+    _run(["ip", "-n", namespace, "link", "add", "netem-probe", "type", "veth", "peer", "name",
+          "netem-probe1"], "probing for netem")
+    try:
+        return _run(["tc", "-n", namespace, "qdisc", "add", "dev", "netem-probe", "root", "netem",
+                     "delay", "1ms"], "probing for netem", check=False).returncode == 0
+    finally:
+        _run(["ip", "-n", namespace, "link", "del", "netem-probe"], "probing for netem", check=False)
+
+
+def _start_delay_line(cluster: Cluster, timeout: float = 20.0) -> None:
+    """Start psrt.launch.delay_line in the switch namespace and wait for its `ready`; `down`
+    ends it with the namespace's other processes.  Its errors go to a log in STATE_DIR."""
+    ports = [f"p{i}" for i in range(len(cluster.hosts))]
+    log = STATE_DIR / f"{cluster.hosts[0]}.delay_line.log"
+    path = [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    with open(log, "w") as err:
+        proc = subprocess.Popen(["ip", "netns", "exec", cluster.switch, sys.executable, "-m",
+                                 "psrt.launch.delay_line", "--delay", cluster.delay, *ports],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, text=True,
+                                env={**os.environ, "PYTHONPATH": os.pathsep.join(path)},
+                                cwd=ROOT, start_new_session=True)
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    said = proc.stdout.readline().strip() if ready else ""
+    proc.stdout.close()
+    if said != "ready":
+        proc.kill()
+        proc.wait()
+        detail = " ".join(log.read_text().split()) or f"no `ready` within {timeout:g} s"
+        raise PsrtError(f"--delay {cluster.delay}: the kernel has no netem, and psrt's delay line "
+                        f"in namespace {cluster.switch} did not start: {detail[-300:]}")
 
 
 # The emulated hosts' TCP congestion control, set rather than inherited from the machine's
@@ -427,6 +467,7 @@ def down(cluster: Cluster) -> list[str]:
         for h in cluster.hosts:
             shutil.rmtree(NETNS_ETC / h, ignore_errors=True)
         _state_path(cluster.hosts[0]).unlink(missing_ok=True)
+        (STATE_DIR / f"{cluster.hosts[0]}.delay_line.log").unlink(missing_ok=True)
         try:
             NETNS_ETC.rmdir()  # only if nothing else lives there
         except OSError:

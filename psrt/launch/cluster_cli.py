@@ -79,7 +79,7 @@ def _parser() -> ArgumentParser:
         sp.add_argument("--subnet", default=DEFAULT_SUBNET,
                         help=f"inside 198.18.0.0/15 (default {DEFAULT_SUBNET})")
         sp.add_argument("--rate", help="bandwidth of every host's link, tc syntax (1gbit)")
-        sp.add_argument("--delay", help="one-way delay of every host's link (1ms; needs netem)")
+        sp.add_argument("--delay", help="one-way delay of every host's link (1ms; netem, or psrt's delay line)")
 
     def slurm_opt(sp):
         sp.add_argument("--slurm", action="store_true",

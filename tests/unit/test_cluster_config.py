@@ -169,3 +169,24 @@ def test_a_failed_host_is_unreachable_before_its_processes_die(monkeypatch):
     monkeypatch.setattr(C, "kill", lambda pids: done.append(f"kill {sorted(pids)}"))
     C.fail("node1")
     assert done.index(f"ip -n node1 link set {C.IFACE} down") < done.index("kill [4242]"), done
+
+
+def test_the_delay_lines_delay_reads_tc_syntax():
+    from psrt.launch.delay_line import delay_ns
+    assert delay_ns("500us") == 500_000 and delay_ns("2ms") == 2_000_000 and delay_ns("0.2s") == 200_000_000
+    with pytest.raises(ValueError, match="--delay '2x'"):
+        delay_ns("2x")
+
+
+def test_a_delay_puts_even_two_hosts_behind_a_switch():
+    """The delay line sits between the hosts, so a delay gives two hosts a switch namespace
+    too (netem's hosts pass a bridge there, as three hosts do)."""
+    assert C.Cluster(("a", "b"), delay="1ms").switch == "a-sw"
+    assert "delay 1ms" in C.Cluster(("a", "b"), delay="1ms").describe()[0]
+
+
+def test_a_delay_is_dilated_with_the_compute():
+    from psrt.bench.scaling import Scale, stands_for
+    line = stands_for("250mbit", "resnet50", Scale(32, 3.125), "1ms")
+    assert "one-way delay 1ms, which stands for 320 us there" in line
+    assert "latency not dilated" in stands_for("250mbit", "resnet50", Scale(32, 3.125))

@@ -35,7 +35,7 @@ def test_weak_scaling_speedup():
 
 def args(**kw):
     base = dict(quick=False, layouts="1x1,2x2", strategies="ring,ps", profiles="resnet50", rate="1gbit",
-                stands_for="25gbit", steps=3, byte_divisor=8.0, bucket_mb=None)
+                stands_for="25gbit", steps=3, byte_divisor=8.0, bucket_mb=None, delay=None)
     return argparse.Namespace(**{**base, **kw})
 
 

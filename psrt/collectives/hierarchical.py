@@ -49,27 +49,15 @@ from dataclasses import dataclass, field
 import torch
 from mpi4py import MPI
 
-from psrt.collectives import native, ring
+from psrt.collectives import native, recursive, ring
 # Below LEADER_BYTES an all-reduce goes through one rank per host (the MPI library's reduce
 # and broadcast inside each host, an all-reduce among the hosts' first ranks) instead of
 # shards: per-call costs, not bytes, set the time of a DDP bucket of a small model.
-from psrt.collectives.cost import LEADER_BYTES
+from psrt.collectives.cost import LEADER_BYTES, LEADERS_RING_BYTES
 from psrt.collectives.layout import even_counts, offsets
 from psrt.transport import msg
 
 TAG_HIER = 107
-# Between the hosts' first ranks, from this size on psrt's ring rather than the library's
-# all-reduce.  Open MPI 4.1's fixed rules run Rabenseifner's algorithm there (from the
-# sizes of psrt.collectives.cost.RABENSEIFNER_FROM), whose two-way
-# exchanges go by rendezvous above the TCP eager limit (64 KiB) and then run one direction
-# after the other (psrt.collectives.schedule.post says why); the ring sends one way on each
-# connection, but makes 2(H-1) rounds.  The whole hierarchical all-reduce at 250 Mbit/s
-# (psrt.bench collectives, median of 9), the library's between the leaders against the ring:
-# on 4 emulated hosts of 2 ranks, 4 KiB 0.89 against 2.38 ms, 64 KiB 3.21 against 3.23 ms,
-# 512 KiB 38.9 against 28.1 ms; on 4 hosts of 4 ranks (two runs each), 64 KiB 4.2-5.0
-# against 5.7-8.0 ms, 128 KiB 9.6-10.7 against 8.0-9.4 ms, 512 KiB 46.4-46.6 against
-# 31.7-34.0 ms.
-LEADERS_RING_BYTES = 128 << 10
 
 
 @dataclass(frozen=True)
@@ -255,8 +243,9 @@ def _two_level(topo: Topology, buf: torch.Tensor, block: dict, src: dict, op: st
 
 def allreduce(topo: Topology, buf: torch.Tensor, op: str) -> None:
     if buf.numel() * buf.element_size() < LEADER_BYTES:
-        # Small: latency rules, so the fewest rounds: reduce to each host's first rank, an
-        # all-reduce among those, a broadcast inside each host (the MPI library's, each).
+        # Small: latency rules, so the fewest rounds: reduce to each host's first rank (the
+        # MPI library's), an all-reduce among those (`_between_leaders`), a broadcast inside
+        # each host (the MPI library's).
         p, local = topo.placement, topo.local
         native.reduce(local, buf, 0, op)
         if p.local_of[topo.rank] == 0 and p.hosts > 1:
@@ -268,10 +257,11 @@ def allreduce(topo: Topology, buf: torch.Tensor, op: str) -> None:
 
 
 def _between_leaders(comm, buf: torch.Tensor, op: str) -> None:
-    """The all-reduce among the hosts' first ranks: the MPI library's below LEADERS_RING_BYTES,
-    where its few rounds win, psrt's ring from there (what the two-level model charges)."""
+    """The all-reduce among the hosts' first ranks: psrt's recursive doubling below
+    LEADERS_RING_BYTES, where its log2(H) rounds win, psrt's ring from there (both what the
+    two-level model charges; psrt.collectives.cost says why)."""
     if buf.numel() * buf.element_size() < LEADERS_RING_BYTES:
-        native.allreduce(comm, buf, op)
+        recursive.allreduce_doubling(comm, buf, op)
     else:
         ring.allreduce(comm, buf, op, even_counts(buf.numel(), comm.Get_size()))
 

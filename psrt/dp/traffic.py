@@ -8,7 +8,8 @@ run at once, plus the sequential message latencies it pays:
 - ring all-reduce (ring, native where the MPI library runs a ring, torch, horovod; zero1's
   and zero2's reduce-scatter +
   all-gather moves the same bytes): one phase, 2(N-1) steps, 2(N-1)/N x M from each rank to
-  its successor (Patarasuk & Yuan, JPDC 2009); zero3 gathers the parameters twice (forward
+  its successor (Patarasuk & Yuan, JPDC 2009), 2(H-1) of them paying the latency between H
+  hosts (cost.ring_latency_steps); zero3 gathers the parameters twice (forward
   and backward) and reduce-scatters once: 3(N-1) steps and 3(N-1)/N x M (Rajbhandari et al.,
   SC 2020, sec. 7.2.2), paid once per wrapped unit in latency, which this per-step total
   leaves out (psrt/bench/step_model.py counts it);
@@ -42,6 +43,14 @@ PS_LAYOUTS = {"ps": ps_layout, "ps-sharded": sharded_layout, "ps-async": async_l
 class Phase:
     transfers: list          # [(src rank, dst rank, bytes)]
     steps: int               # sequential message latencies
+    ring_passes: int = 0     # a ring's passes: it pays the latency between hosts fewer times
+
+    def latency_steps(self, host_of: list[int]) -> int:
+        """The steps that pay the link's latency: every one, except for a ring, whose hops
+        inside a host do not wait for those between (cost.ring_latency_steps)."""
+        if not self.ring_passes:
+            return self.steps
+        return cost.ring_latency_steps(self.transfers, self.ring_passes, host_of)
 
 
 def phases(strategy: str, size: int, nbytes: float, servers: int | None = None) -> list[Phase] | None:
@@ -52,7 +61,7 @@ def phases(strategy: str, size: int, nbytes: float, servers: int | None = None) 
             return []
         k = RING_PASSES[strategy]
         per = k * (size - 1) / size * nbytes
-        return [Phase([(r, (r + 1) % size, per) for r in range(size)], k * (size - 1))]
+        return [Phase([(r, (r + 1) % size, per) for r in range(size)], k * (size - 1), k)]
     if strategy in PS_LAYOUTS:
         server_ranks, workers = PS_LAYOUTS[strategy](size, servers)
         part = nbytes / len(server_ranks)
@@ -89,9 +98,9 @@ def predict(strategy: str, size: int, nbytes: float, host_of: list[int], link: F
     steps = phases(strategy, size, nbytes, servers)
     if steps is None:
         return None
-    latencies = sum(p.steps for p in steps)
-    return Prediction(latencies * link.alpha_s,
-                      sum(link_load(p.transfers, host_of) for p in steps) * link.beta_s_per_byte, latencies)
+    return Prediction(sum(p.latency_steps(host_of) for p in steps) * link.alpha_s,
+                      sum(link_load(p.transfers, host_of) for p in steps) * link.beta_s_per_byte,
+                      sum(p.steps for p in steps))
 
 
 def crossover(a: str, b: str, size: int, host_of: list[int], link: Fit, servers: int | None = None,

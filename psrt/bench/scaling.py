@@ -248,8 +248,9 @@ def assemble(rows: list[dict], args) -> dict:
 def stands_for(rate: str, profile: str, scale: Scale, delay: str | None = None) -> str:
     real = scale.dilation * scale.divisor * rate_bits(rate)
     if delay:      # a delay the user set is dilated with the rest: it stands for delay / D
+        us = delay_ns(delay) / 1e3 / scale.dilation
         latency = (f"links' one-way delay {delay}, which stands for "
-                   f"{delay_ns(delay) / 1e3 / scale.dilation:.3g} us there")
+                   + (f"{us / 1e3:.3g} ms there" if us >= 1000 else f"{us:.3g} us there"))
     else:
         latency = "latency not dilated"
     return (f"{profile}: emulated links of {rate}; gradients /{scale.divisor:g} and compute x{scale.dilation:g}: "

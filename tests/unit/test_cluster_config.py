@@ -189,4 +189,5 @@ def test_a_delay_is_dilated_with_the_compute():
     from psrt.bench.scaling import Scale, stands_for
     line = stands_for("250mbit", "resnet50", Scale(32, 3.125), "1ms")
     assert "one-way delay 1ms, which stands for 320 us there" in line
+    assert "which stands for 1.6 ms there" in stands_for("250mbit", "resnet50", Scale(32, 3.125), "5ms")
     assert "latency not dilated" in stands_for("250mbit", "resnet50", Scale(32, 3.125))

@@ -80,7 +80,7 @@ def test_auto_on_crowded_hosts_prefers_the_schedules_of_fewer_rounds():
         "hierarchical", tuning._flat("allgather", small, 8, ALGORITHMS["allgather"]))
 
 
-def test_latency_between_hosts_is_paid_where_the_critical_path_crosses_them():
+def test_a_ring_pays_the_latency_between_hosts_2_h_minus_1_times_and_hierarchical_log2_h():
     """A flat ring's 2(N-1) rounds pay the latency between hosts 2(H-1) times (NCCL's count):
     6 on 4 hosts of 4 ranks in host order, all 30 on 16 hosts of one; interleaved over 2
     hosts, every edge crosses and all 6 of 4 ranks' rounds pay it; the hierarchical

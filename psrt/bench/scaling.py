@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from psrt.bench import jobs
 from psrt.bench.step_model import VARIANTS, bucket_bytes, gradient_buckets, placement, predict_step, speedup, units
 from psrt.collectives import cost
+from psrt.launch.delay_line import delay_ns
 from psrt.train.report import Progress
 
 HELP = ("speed-up of every strategy from 1 to 16 workers on emulated accelerator hosts (--profile), "
@@ -89,11 +90,6 @@ class Cell:
     @property
     def layout(self) -> str:
         return f"{self.hosts}x{self.per_host}"
-
-
-def delay_ns(delay: str) -> int:
-    from psrt.launch.delay_line import delay_ns
-    return delay_ns(delay)
 
 
 def rate_bits(rate: str) -> float:

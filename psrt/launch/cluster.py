@@ -39,6 +39,7 @@ from pathlib import Path
 from psrt import env as psrt_env
 from psrt.errors import PsrtError
 from psrt.launch import slurm
+from psrt.launch.delay_line import delay_ns
 from psrt.launch.hostfile import is_local
 from psrt.launch.mpi import kill
 from psrt.launch.plan import ROOT
@@ -52,7 +53,6 @@ STATE_DIR = Path("/run/psrt-cluster")
 NETNS_ETC = Path("/etc/netns")
 _HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,59}$")
 RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$", re.I)
-_DELAY = re.compile(r"^\d+(?:\.\d+)?(?:us|usec|ms|msec|s|sec)$", re.I)
 
 
 @dataclass(frozen=True)
@@ -93,8 +93,11 @@ class Cluster:
             raise PsrtError(f"--subnet {self.subnet}: too small for {len(self.hosts)} hosts")
         if self.rate is not None and not RATE.match(self.rate):
             raise PsrtError(f"--rate {self.rate!r}: expected tc syntax such as 1gbit or 100mbit")
-        if self.delay is not None and not _DELAY.match(self.delay):
-            raise PsrtError(f"--delay {self.delay!r}: expected tc syntax such as 500us or 2ms")
+        if self.delay is not None:
+            try:
+                delay_ns(self.delay)
+            except ValueError as err:
+                raise PsrtError(str(err)) from None
 
     @property
     def switch(self) -> str | None:

@@ -70,6 +70,7 @@ def _received_at(ancillary) -> int:
 
 def serve(ports: list[str], delay: int, ready=None) -> None:
     socks = [open_port(p) for p in ports]
+    port_of = {s: i for i, s in enumerate(socks)}
     where: dict[bytes, int] = {}      # MAC address -> the port it was last seen behind
     due: list = []                    # (due ns, sequence, out ports, frame)
     seq = 0
@@ -87,7 +88,7 @@ def serve(ports: list[str], delay: int, ready=None) -> None:
         timeout = max(0.0, (due[0][0] - time.time_ns()) / 1e9) if due else None
         readable, _, _ = select.select(socks, [], [], timeout)
         for s in readable:
-            i = socks.index(s)
+            i = port_of[s]
             while True:
                 try:
                     frame, anc, _, addr = s.recvmsg(FRAME, 64, socket.MSG_DONTWAIT)
